@@ -1,0 +1,486 @@
+//! The recipe: what to build for a board. Every field here is part of the user-facing TOML format,
+//! and its doc comment becomes the description editors show from `nasos schema`.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A board recipe: one appliance image, declared.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// Identity of the image and the board it is built for.
+    pub image: Image,
+    /// Debian packages beyond what the plan derives from the recipe.
+    #[serde(default)]
+    pub packages: Packages,
+    /// Who may log in on the serial console, and how.
+    pub console: Console,
+    /// Network links of the appliance.
+    #[serde(default)]
+    pub network: Network,
+    /// The RoCE v2 fabric: which links carry RDMA and how they are made lossless.
+    #[serde(default)]
+    pub fabric: Option<Fabric>,
+    /// ZFS module settings.
+    #[serde(default)]
+    pub zfs: Zfs,
+    /// ZFS pools, built from bays of the board.
+    #[serde(default)]
+    pub pools: Vec<Pool>,
+    /// ZFS datasets inside the pools.
+    #[serde(default)]
+    pub datasets: Vec<Dataset>,
+    /// The kernel NFS server and its exports.
+    #[serde(default)]
+    pub nfs: Option<Nfs>,
+    /// Health checks and the hardware watchdog.
+    #[serde(default)]
+    pub health: Health,
+    /// Field upgrades: who may sign them and how many tries a new slot gets.
+    #[serde(default)]
+    pub upgrade: Upgrade,
+}
+
+/// Identity of the image.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    /// Image name: lowercase letters, digits and dashes.
+    pub name: String,
+    /// Image version, `MAJOR.MINOR.PATCH` (used to name boot entries and bundles).
+    pub version: String,
+    /// The board this image runs on, by name (see `board/boards/`).
+    pub board: String,
+    /// Hostname of the appliance; defaults to the image name.
+    #[serde(default)]
+    pub hostname: Option<String>,
+    /// A development image: allows console autologin. Never ship one.
+    #[serde(default)]
+    pub development: bool,
+    /// The most the root filesystem may weigh, in MiB; the build fails above it.
+    #[serde(default)]
+    pub size_budget_mib: Option<u32>,
+}
+
+/// Extra Debian packages.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Packages {
+    /// Debian trixie package names to add to the image.
+    #[serde(default)]
+    pub extra: Vec<String>,
+}
+
+/// Console access.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Console {
+    /// How root logs in on the serial console.
+    pub root_login: RootLogin,
+    /// crypt(3) hash of root's password (`$y$…` yescrypt or `$6$…` sha512-crypt), for `password` login.
+    #[serde(default)]
+    pub root_password_hash: Option<String>,
+}
+
+/// How root logs in on the serial console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RootLogin {
+    /// No console login at all.
+    Locked,
+    /// Login with the password whose hash is `root_password_hash`.
+    Password,
+    /// Root is logged in without a password (development images only).
+    Autologin,
+}
+
+/// Network links.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    /// One entry per board port the appliance uses.
+    #[serde(default)]
+    pub links: Vec<Link>,
+}
+
+/// One network link: a board port, named, with its addresses.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// The interface name on the appliance (at most 15 characters).
+    pub name: String,
+    /// The board port this link uses (a port name from the board file).
+    pub port: String,
+    /// MTU in bytes, 576–9216. RoCE wants jumbo frames (9000).
+    #[serde(default = "default_mtu")]
+    #[schemars(range(min = 576, max = 9216))]
+    pub mtu: u32,
+    /// Addresses in CIDR form, e.g. `10.40.0.10/24`.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// VLAN sub-interfaces on this link.
+    #[serde(default)]
+    pub vlans: Vec<Vlan>,
+}
+
+fn default_mtu() -> u32 {
+    1500
+}
+
+/// An 802.1Q VLAN on a link.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Vlan {
+    /// VLAN id, 1–4094.
+    #[schemars(range(min = 1, max = 4094))]
+    pub id: u32,
+    /// Addresses in CIDR form.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+}
+
+/// The RoCE v2 fabric.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Fabric {
+    /// Links that carry RoCE v2 (names from `[[network.links]]`).
+    pub links: Vec<String>,
+    /// The 802.1p priority made lossless with PFC, 0–7 (3 is the RoCE convention).
+    #[schemars(range(min = 0, max = 7))]
+    pub lossless_priority: u32,
+    /// Fail bring-up when a link cannot apply PFC (a NIC without DCB).
+    #[serde(default)]
+    pub pfc_required: bool,
+    /// ETS bandwidth share in percent for traffic classes 0–7 (priority N maps to class N); sums to 100.
+    #[serde(default)]
+    #[schemars(length(min = 8, max = 8), inner(range(min = 0, max = 100)))]
+    pub ets_bandwidth: Option<Vec<u32>>,
+    /// DSCP → priority entries of the DCB APP table (RoCE data is usually DSCP 26 → 3, CNP 48 → 6).
+    #[serde(default)]
+    pub dscp: Vec<DscpMapping>,
+    /// Explicit congestion notification for RoCE (DCQCN).
+    #[serde(default = "default_true")]
+    pub ecn: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// One DSCP → priority mapping.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DscpMapping {
+    /// DSCP code point, 0–63.
+    #[schemars(range(min = 0, max = 63))]
+    pub dscp: u32,
+    /// 802.1p priority, 0–7.
+    #[schemars(range(min = 0, max = 7))]
+    pub priority: u32,
+}
+
+/// ZFS module settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Zfs {
+    /// ARC size cap, e.g. `"96G"` (K, M, G, T suffixes, powers of 1024).
+    #[serde(default)]
+    pub arc_max: Option<String>,
+    /// Other ZFS module parameters (`/sys/module/zfs/parameters/NAME`), as strings.
+    #[serde(default)]
+    pub tunables: BTreeMap<String, String>,
+}
+
+/// A ZFS pool.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Pool {
+    /// Pool name.
+    pub name: String,
+    /// What bring-up may do when the pool is not found.
+    #[serde(default)]
+    pub create: CreatePolicy,
+    /// log2 of the sector size the pool is built for, 9–16 (12 = 4 KiB, right for NVMe).
+    #[serde(default = "default_ashift")]
+    #[schemars(range(min = 9, max = 16))]
+    pub ashift: u32,
+    /// Data vdevs.
+    pub vdevs: Vec<Vdev>,
+    /// Hot spares, by bay name.
+    #[serde(default)]
+    pub spares: Vec<String>,
+    /// Pool properties (`zpool create -o`), e.g. `autotrim = "on"`.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Properties of the pool's root dataset, inherited by its datasets (`zpool create -O`).
+    #[serde(default)]
+    pub filesystem: BTreeMap<String, String>,
+}
+
+fn default_ashift() -> u32 {
+    12
+}
+
+/// What bring-up may do when a pool is not found on its disks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CreatePolicy {
+    /// Create the pool, but only if every member disk is blank.
+    #[default]
+    BlankDisks,
+    /// Never create; wait for the pool to be imported.
+    ImportOnly,
+}
+
+/// One vdev.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Vdev {
+    /// Vdev type.
+    #[serde(rename = "type")]
+    pub kind: VdevKind,
+    /// Member bays, by name.
+    pub bays: Vec<String>,
+}
+
+/// Vdev types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum VdevKind {
+    /// A single disk, no redundancy.
+    Disk,
+    /// N-way mirror (2 or more disks).
+    Mirror,
+    /// Single parity (2 or more disks; 3–9 recommended).
+    Raidz1,
+    /// Double parity (3 or more disks; 4–9 recommended).
+    Raidz2,
+    /// Triple parity (4 or more disks; 5–9 recommended).
+    Raidz3,
+}
+
+impl VdevKind {
+    /// The width range ZFS accepts for this vdev type.
+    pub fn width_range(self) -> (usize, usize) {
+        match self {
+            VdevKind::Disk => (1, 1),
+            VdevKind::Mirror => (2, 255),
+            VdevKind::Raidz1 => (2, 255),
+            VdevKind::Raidz2 => (3, 255),
+            VdevKind::Raidz3 => (4, 255),
+        }
+    }
+
+    /// The name `zpool create` uses, `None` for a plain disk.
+    pub fn zpool_word(self) -> Option<&'static str> {
+        match self {
+            VdevKind::Disk => None,
+            VdevKind::Mirror => Some("mirror"),
+            VdevKind::Raidz1 => Some("raidz1"),
+            VdevKind::Raidz2 => Some("raidz2"),
+            VdevKind::Raidz3 => Some("raidz3"),
+        }
+    }
+}
+
+/// A ZFS dataset.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Dataset {
+    /// Full dataset name, `POOL/NAME[/…]`.
+    pub name: String,
+    /// Quota, e.g. `"40T"`.
+    #[serde(default)]
+    pub quota: Option<String>,
+    /// Reservation, e.g. `"1T"`.
+    #[serde(default)]
+    pub reservation: Option<String>,
+    /// Other ZFS properties, as strings (`recordsize = "1M"`).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// The kernel NFS server.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Nfs {
+    /// Protocol versions served.
+    #[serde(default = "default_versions")]
+    pub versions: Vec<NfsVersion>,
+    /// nfsd threads, 1–1024.
+    #[serde(default = "default_threads")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub threads: u32,
+    /// Port of the RDMA listener (20049 by convention).
+    #[serde(default = "default_rdma_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub rdma_port: u32,
+    /// NFSv4 grace period in seconds after a restart (10–3600).
+    #[serde(default = "default_grace")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub grace_seconds: u32,
+    /// NFSv4 lease time in seconds (10–3600).
+    #[serde(default = "default_grace")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub lease_seconds: u32,
+    /// Exported datasets.
+    #[serde(default)]
+    pub exports: Vec<Export>,
+}
+
+fn default_versions() -> Vec<NfsVersion> {
+    vec![NfsVersion::V4_2]
+}
+fn default_threads() -> u32 {
+    16
+}
+fn default_rdma_port() -> u32 {
+    20049
+}
+fn default_grace() -> u32 {
+    15
+}
+
+/// NFS protocol versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub enum NfsVersion {
+    /// NFSv3 (needs rpcbind and rpc.statd).
+    #[serde(rename = "3")]
+    V3,
+    /// NFSv4.0.
+    #[serde(rename = "4.0")]
+    V4_0,
+    /// NFSv4.1.
+    #[serde(rename = "4.1")]
+    V4_1,
+    /// NFSv4.2.
+    #[serde(rename = "4.2")]
+    V4_2,
+}
+
+impl NfsVersion {
+    /// The spelling `rpc.nfsd` and `nfs.conf` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NfsVersion::V3 => "3",
+            NfsVersion::V4_0 => "4.0",
+            NfsVersion::V4_1 => "4.1",
+            NfsVersion::V4_2 => "4.2",
+        }
+    }
+}
+
+/// One exported dataset.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Export {
+    /// The dataset to export (a name from `[[datasets]]`).
+    pub dataset: String,
+    /// Serve it over TCP (port 2049).
+    #[serde(default = "default_true")]
+    pub tcp: bool,
+    /// Serve it over RDMA (needs a fabric link with RDMA).
+    #[serde(default)]
+    pub rdma: bool,
+    /// Client networks allowed to mount it.
+    pub clients: Vec<ExportClient>,
+}
+
+/// A client network of an export.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExportClient {
+    /// Network in CIDR form, e.g. `10.40.0.0/24`.
+    pub network: String,
+    /// Read-write or read-only.
+    #[serde(default)]
+    pub access: Access,
+    /// Map client root to nobody. On unless explicitly turned off.
+    #[serde(default = "default_true")]
+    pub root_squash: bool,
+    /// Commit writes to stable storage before replying.
+    #[serde(default = "default_true")]
+    pub sync: bool,
+}
+
+/// Export access mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// Read-only.
+    #[default]
+    Ro,
+    /// Read-write.
+    Rw,
+}
+
+/// Health checks and the watchdog.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// Hardware watchdog timeout in seconds (10–600); the box resets if health stops petting it.
+    #[serde(default = "default_watchdog")]
+    #[schemars(range(min = 10, max = 600))]
+    pub watchdog_timeout_seconds: u32,
+    /// Warn when an NVMe drive is hotter than this, in °C.
+    #[serde(default = "default_temp")]
+    #[schemars(range(min = 30, max = 100))]
+    pub nvme_temperature_warn_celsius: u32,
+    /// Warn when a pool is fuller than this, in percent.
+    #[serde(default = "default_capacity")]
+    #[schemars(range(min = 50, max = 99))]
+    pub pool_capacity_warn_percent: u32,
+    /// How often health checks run, in seconds.
+    #[serde(default = "default_interval")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub check_interval_seconds: u32,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            watchdog_timeout_seconds: default_watchdog(),
+            nvme_temperature_warn_celsius: default_temp(),
+            pool_capacity_warn_percent: default_capacity(),
+            check_interval_seconds: default_interval(),
+        }
+    }
+}
+
+fn default_watchdog() -> u32 {
+    60
+}
+fn default_temp() -> u32 {
+    70
+}
+fn default_capacity() -> u32 {
+    80
+}
+fn default_interval() -> u32 {
+    10
+}
+
+/// Upgrade trust.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Upgrade {
+    /// minisign public keys (the base64 line of a `.pub` file) trusted to sign upgrade bundles.
+    #[serde(default)]
+    pub public_keys: Vec<String>,
+    /// Boots a new slot gets before systemd-boot falls back to the previous one (1–10).
+    #[serde(default = "default_tries")]
+    #[schemars(range(min = 1, max = 10))]
+    pub boot_tries: u32,
+}
+
+impl Default for Upgrade {
+    fn default() -> Self {
+        Upgrade { public_keys: Vec::new(), boot_tries: default_tries() }
+    }
+}
+
+fn default_tries() -> u32 {
+    3
+}
