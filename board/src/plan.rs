@@ -14,6 +14,8 @@ use crate::units::{format_size, parse_size};
 pub const PLAN_VERSION: u32 = 1;
 /// Where the plan lives inside the image.
 pub const PLAN_PATH: &str = "/usr/lib/nasos/plan.json";
+/// Where nasinit lives inside the image (the kernel runs it as init).
+pub const NASINIT_PATH: &str = "/usr/sbin/nasinit";
 /// Where the service binaries live inside the image.
 pub const SERVICE_DIR: &str = "/usr/lib/nasos";
 /// Datasets are mounted below this tmpfs, since the root filesystem is read-only.
@@ -204,6 +206,55 @@ pub struct ExportClientPlan {
     pub options: Vec<String>,
 }
 
+impl Plan {
+    /// A plan that runs nothing: what PID 1 falls back to when the image's plan cannot be read,
+    /// so the appliance still comes up far enough to be inspected.
+    pub fn empty(hostname: &str) -> Plan {
+        Plan {
+            plan_version: PLAN_VERSION,
+            image: ImagePlan {
+                name: "unknown".into(),
+                version: "0.0.0".into(),
+                hostname: hostname.into(),
+                board: "unknown".into(),
+                emulated_board: false,
+                development: false,
+                size_budget_mib: None,
+            },
+            packages: Vec::new(),
+            kernel: KernelPlan {
+                initramfs_modules: Vec::new(),
+                modules: Vec::new(),
+                module_options: BTreeMap::new(),
+                cmdline: Vec::new(),
+            },
+            console: ConsolePlan {
+                device: "ttyS0".into(),
+                baud: 115200,
+                root_login: RootLogin::Locked,
+                root_password_hash: None,
+            },
+            bays: Vec::new(),
+            links: Vec::new(),
+            fabric: None,
+            zfs: ZfsPlan { arc_max_bytes: None, tunables: BTreeMap::new() },
+            pools: Vec::new(),
+            datasets: Vec::new(),
+            nfs: None,
+            health: HealthPlan {
+                watchdog_driver: String::new(),
+                watchdog_identity: String::new(),
+                watchdog_timeout_seconds: 60,
+                nvme_temperature_warn_celsius: 70,
+                pool_capacity_warn_percent: 80,
+                check_interval_seconds: 10,
+            },
+            upgrade: UpgradePlan { public_keys: Vec::new(), boot_tries: 3 },
+            services: Vec::new(),
+        }
+    }
+}
+
 impl NfsPlan {
     /// The /etc/exports text, one line per export.
     pub fn exports_table(&self) -> String {
@@ -251,6 +302,11 @@ pub struct Service {
     pub stop_timeout_ms: u64,
     #[serde(default)]
     pub environment: BTreeMap<String, String>,
+    /// Run as this user (and its primary group); root when absent.
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub working_directory: Option<String>,
 }
 
 /// When a service counts as ready.
@@ -261,8 +317,10 @@ pub enum Readiness {
     Started,
     /// When it exits with status 0 (a oneshot).
     Exited,
-    /// When it sends `READY=1` on its notify socket.
+    /// When it sends `READY=1` on its notify socket (`$NOTIFY_SOCKET`, as sd_notify does).
     Notify,
+    /// When it writes a newline to this file descriptor (s6's readiness protocol).
+    Fd { fd: u32 },
     /// When this command exits 0.
     Check { command: Vec<String>, interval_ms: u64 },
 }
@@ -508,7 +566,9 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         check_interval_seconds: r.health.check_interval_seconds,
     };
 
-    let services = services(r.fabric.is_some() || !r.network.links.is_empty(), uses_zfs, r.nfs.is_some());
+    let console = console_service(r.console.root_login, &b.console.device, b.console.baud);
+    let mut services = services(r.fabric.is_some() || !r.network.links.is_empty(), uses_zfs, r.nfs.is_some());
+    services.splice(0..0, console);
 
     Plan {
         plan_version: PLAN_VERSION,
@@ -548,6 +608,38 @@ fn clamp_u8(v: u32) -> u8 {
     u8::try_from(v).unwrap_or(u8::MAX)
 }
 
+/// A getty on the serial console, unless the console is locked. It depends on nothing, so an
+/// operator can log in while storage is still coming up (or failing to).
+fn console_service(login: RootLogin, device: &str, baud: u32) -> Option<Service> {
+    let mut command = vec!["/usr/sbin/agetty".to_string()];
+    match login {
+        RootLogin::Locked => return None,
+        RootLogin::Autologin => command.extend(["--autologin".to_string(), "root".to_string()]),
+        RootLogin::Password => {}
+    }
+    command.extend(["--noclear", "--local-line"].map(String::from));
+    command.extend([baud.to_string(), device.to_string(), "vt220".to_string()]);
+    Some(Service {
+        name: "console".into(),
+        command,
+        after: Vec::new(),
+        readiness: Readiness::Started,
+        // A logout ends agetty: start a fresh one at once, but do not spin if it cannot run.
+        restart: RestartPolicy {
+            when: Restart::Always,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 10_000,
+            start_limit: 20,
+            start_limit_window_ms: 60_000,
+        },
+        stop_command: None,
+        stop_timeout_ms: 5_000,
+        environment: BTreeMap::new(),
+        user: None,
+        working_directory: None,
+    })
+}
+
 /// The service graph. Order matters: it is a valid start order, and shutdown runs it backwards.
 fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
     let bin = |name: &str, verb: &str| vec![format!("{SERVICE_DIR}/nasos-{name}"), verb.to_string()];
@@ -572,18 +664,25 @@ fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
             stop_command,
             stop_timeout_ms: 30_000,
             environment: BTreeMap::new(),
+            user: None,
+            working_directory: None,
         });
     };
+    // Modules load in a supervised oneshot, not in PID 1 itself: a hung modprobe then shows up
+    // as a service that does not become ready, instead of a box that does not boot.
+    let load_modules = vec![NASINIT_PATH.to_string(), "load-modules".to_string()];
+    let modules_policy = RestartPolicy { start_limit: 3, ..oneshot.clone() };
+    add("modules", load_modules, Readiness::Exited, &modules_policy, None, &[]);
     if network {
-        add("fabric", bin("fabric", "up"), Readiness::Exited, &oneshot, None, &[]);
+        add("fabric", bin("fabric", "up"), Readiness::Exited, &oneshot, None, &["modules"]);
     }
     if storage {
-        add("storage", bin("storage", "up"), Readiness::Exited, &oneshot, Some(bin("storage", "export")), &[]);
+        add("storage", bin("storage", "up"), Readiness::Exited, &oneshot, Some(bin("storage", "export")), &["modules"]);
     }
     if nfs {
         add("nfs", bin("nfs", "serve"), Readiness::Notify, &daemon, None, &["storage", "fabric"]);
     }
-    add("health", bin("health", "run"), Readiness::Notify, &daemon, None, &["storage", "nfs"]);
+    add("health", bin("health", "run"), Readiness::Notify, &daemon, None, &["modules", "storage", "nfs"]);
     let never = RestartPolicy { when: Restart::Never, ..oneshot.clone() };
     add("bless", bin("upgrade", "bless"), Readiness::Exited, &never, None, &["fabric", "storage", "nfs", "health"]);
     out
@@ -732,6 +831,7 @@ impl fmt::Display for Plan {
                 Readiness::Started => "started".to_string(),
                 Readiness::Exited => "exited 0".to_string(),
                 Readiness::Notify => "READY=1".to_string(),
+                Readiness::Fd { fd } => format!("fd {fd}"),
                 Readiness::Check { command, .. } => format!("check `{}`", command.join(" ")),
             };
             writeln!(

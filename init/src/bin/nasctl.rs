@@ -1,6 +1,176 @@
-//! nasctl: control and inspect nasinit from the serial console (being built: see init/README.md).
+//! nasctl: control and inspect nasinit, typically from the serial console.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("nasctl: the control client is not built yet");
-    std::process::ExitCode::from(2)
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use nasos_init::api::{self, Client, ServiceInfo};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(name = "nasctl", about = "Control and inspect the nasos appliance")]
+struct Args {
+    /// nasinit's control socket.
+    #[arg(long, env = "NASINIT_SOCKET", default_value = api::DEFAULT_SOCKET, global = true)]
+    socket: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The appliance's overall state.
+    Status,
+    /// Every service with its state, pid, restarts and last exit.
+    Services,
+    /// A service's recent output.
+    Logs {
+        name: String,
+        /// Keep printing new lines as they come.
+        #[arg(short, long)]
+        follow: bool,
+        /// How many recent lines to show first.
+        #[arg(short = 'n', long, default_value_t = 50)]
+        lines: u32,
+    },
+    /// Start a stopped or failed service.
+    Start { name: String },
+    /// Stop a service (it stays stopped until started).
+    Stop { name: String },
+    /// Stop and start a service.
+    Restart { name: String },
+    /// When each service started and became ready.
+    Timeline,
+    /// Stop all services and reboot.
+    Reboot,
+    /// Stop all services and power off.
+    Poweroff,
+    /// Stop all services and halt.
+    Halt,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nasctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nasctl: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn print<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn secs(ms: i64) -> String {
+    if ms < 0 { "-".to_string() } else { format!("{:.2}s", ms as f64 / 1000.0) }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let client = Client::connect(&args.socket).await?;
+    let json = args.json;
+    match args.command {
+        Command::Status => {
+            let s = client.status().await?;
+            if json {
+                return print(&s);
+            }
+            println!("{} {} on {} — {}", s.image, s.version, s.hostname, s.state);
+            println!("services  {} ready, {} failed, {} total", s.services_ready, s.services_failed, s.services);
+            println!("uptime    {}", secs(s.uptime_ms));
+            println!("ready in  {}", secs(s.ready_ms));
+            if s.kernel_ms >= 0 {
+                println!("kernel    {} before nasinit", secs(s.kernel_ms));
+            }
+        }
+        Command::Services => {
+            let list = client.services().await?;
+            if json {
+                return print(&list);
+            }
+            print_services(&list);
+        }
+        Command::Logs { name, follow, lines } => {
+            let mut page = client.logs(&name, 0, lines).await?;
+            loop {
+                for l in &page.lines {
+                    if json {
+                        println!("{}", serde_json::to_string(l)?);
+                    } else {
+                        println!("{}", l.text);
+                    }
+                }
+                if !follow {
+                    break;
+                }
+                // Client-side polling keeps nasinit free of per-client state and timers.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                page = client.logs(&name, page.next, 10_000).await?;
+            }
+        }
+        Command::Start { name } => client.start(&name).await?,
+        Command::Stop { name } => client.stop(&name).await?,
+        Command::Restart { name } => client.restart(&name).await?,
+        Command::Timeline => {
+            let t = client.timeline().await?;
+            let s = client.status().await?;
+            if json {
+                #[derive(Serialize)]
+                struct Timeline<'a> {
+                    kernel_ms: i64,
+                    ready_ms: i64,
+                    services: &'a [api::TimelineEntry],
+                }
+                return print(&Timeline { kernel_ms: s.kernel_ms, ready_ms: s.ready_ms, services: &t });
+            }
+            if s.kernel_ms >= 0 {
+                println!("{:<12} {:>9}", "kernel", secs(s.kernel_ms));
+            }
+            println!("{:<12} {:>9} {:>9} {:>9}", "SERVICE", "STARTED", "READY", "TOOK");
+            for e in &t {
+                let took =
+                    if e.ready_ms >= 0 && e.started_ms >= 0 { secs(e.ready_ms - e.started_ms) } else { "-".into() };
+                println!("{:<12} {:>9} {:>9} {:>9}", e.name, secs(e.started_ms), secs(e.ready_ms), took);
+            }
+            println!("{:<12} {:>9} {:>9}", "appliance", "", secs(s.ready_ms));
+        }
+        Command::Reboot => client.shutdown("reboot").await?,
+        Command::Poweroff => client.shutdown("poweroff").await?,
+        Command::Halt => client.shutdown("halt").await?,
+    }
+    Ok(())
+}
+
+fn print_services(list: &[ServiceInfo]) {
+    println!(
+        "{:<10} {:<9} {:>7} {:>8} {:>9}  {:<12} DETAIL",
+        "SERVICE", "STATE", "PID", "RESTARTS", "SINCE", "LAST EXIT"
+    );
+    for s in list {
+        let pid = if s.pid == 0 { "-".to_string() } else { s.pid.to_string() };
+        println!(
+            "{:<10} {:<9} {:>7} {:>8} {:>9}  {:<12} {}",
+            s.name,
+            s.state,
+            pid,
+            s.restarts,
+            secs(s.since_ms),
+            if s.last_exit.is_empty() { "-" } else { &s.last_exit },
+            s.detail
+        );
+    }
 }

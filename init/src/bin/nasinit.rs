@@ -1,6 +1,191 @@
-//! nasinit: the appliance's PID 1 and service supervisor (being built: see init/README.md).
+//! nasinit: PID 1 of the appliance, or (for tests and development) a supervisor that makes itself
+//! a child subreaper. See init/README.md.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("nasinit: the supervisor is not built yet");
-    std::process::ExitCode::from(2)
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use nasos_board::Plan;
+use nasos_board::plan::PLAN_PATH;
+use nasos_init::cgroup::CgroupRoot;
+use nasos_init::console::Console;
+use nasos_init::run::{Options, run};
+use nasos_init::supervisor::Config;
+use nasos_init::{api, early, finish};
+
+#[derive(Parser)]
+#[command(name = "nasinit", about = "The nasos appliance's PID 1 and service supervisor")]
+struct Args {
+    /// The plan to run.
+    #[arg(long, default_value = PLAN_PATH)]
+    plan: PathBuf,
+    /// Control socket.
+    #[arg(long, default_value = api::DEFAULT_SOCKET)]
+    control: PathBuf,
+    /// Runtime directory (notify sockets).
+    #[arg(long, default_value = "/run/nasinit")]
+    run_dir: PathBuf,
+    /// Directory for per-service log files; none when absent or not writable.
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    /// Do not put services in cgroups (they can then escape a stop by calling setsid).
+    #[arg(long)]
+    no_cgroups: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load the plan's kernel modules with their options (the `modules` service runs this).
+    LoadModules,
+}
+
+fn main() -> ExitCode {
+    let t0 = Instant::now();
+    if std::process::id() == 1 {
+        pid1(t0);
+    }
+    let args = Args::parse();
+    match args.command {
+        Some(Command::LoadModules) => load_modules(&args.plan),
+        None => supervise(args, t0),
+    }
+}
+
+fn read_plan(path: &std::path::Path) -> Result<Plan, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read plan {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("plan {} is not valid: {e}", path.display()))
+}
+
+/// PID 1: tolerant of any argv the kernel passes, never returns.
+fn pid1(t0: Instant) -> ! {
+    let kernel_ms = early::kernel_ms();
+    let console = Console::new(false);
+    early::mount_api_filesystems(&console);
+    let console = Console::new(true);
+    console.say(&format!("started {:.2}s after the kernel", kernel_ms as f64 / 1000.0));
+    let plan = match read_plan(std::path::Path::new(PLAN_PATH)) {
+        Ok(p) => p,
+        Err(e) => {
+            console.say(&format!("{e}; running with no services"));
+            Plan::empty("nasos")
+        }
+    };
+    early::set_hostname(&plan.image.hostname, &console);
+    let linked = early::link_bays(&plan.bays, &console);
+    console.say(&format!("{} of {} bays present", linked.len(), plan.bays.len()));
+    let cgroups = match CgroupRoot::at(std::path::Path::new("/sys/fs/cgroup")) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            console.say(&format!("no cgroups ({e}): services are tracked by session only"));
+            None
+        }
+    };
+    let _ = std::fs::create_dir_all("/var/log/nasinit");
+    let log_dir = std::path::Path::new("/var/log/nasinit");
+    let writable = nix::unistd::access(log_dir, nix::unistd::AccessFlags::W_OK).is_ok();
+    let config = Config {
+        plan,
+        run_dir: early::run_dir(),
+        log_dir: writable.then(|| log_dir.to_path_buf()),
+        cgroups,
+        pid1: true,
+        kernel_ms,
+    };
+    let opts = Options { config, control_socket: PathBuf::from(api::DEFAULT_SOCKET) };
+    loop {
+        match run(opts.clone(), t0, console.clone()) {
+            Ok((kind, _)) => finish::finish(kind, &console),
+            Err(e) => {
+                console.say(&format!("event loop failed: {e}; retrying in 5s"));
+                std::thread::sleep(std::time::Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Supervisor mode for tests and development: a child subreaper with its own cgroup subtree.
+fn supervise(args: Args, t0: Instant) -> ExitCode {
+    let console = Console::new(false);
+    let plan = match read_plan(&args.plan) {
+        Ok(p) => p,
+        Err(e) => {
+            console.say(&e);
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        console.say(&format!("cannot become a child subreaper: {e}"));
+        return ExitCode::from(2);
+    }
+    let cgroups = if args.no_cgroups {
+        None
+    } else {
+        match CgroupRoot::beside_self() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                console.say(&format!("no cgroups ({e}): services are tracked by session only"));
+                None
+            }
+        }
+    };
+    if let Some(d) = &args.log_dir {
+        let _ = std::fs::create_dir_all(d);
+    }
+    let config = Config { plan, run_dir: args.run_dir, log_dir: args.log_dir, cgroups, pid1: false, kernel_ms: -1 };
+    let opts = Options { config, control_socket: args.control.clone() };
+    match run(opts, t0, console.clone()) {
+        Ok((kind, sup)) => {
+            if let Some(c) = sup.cgroups() {
+                c.remove();
+            }
+            let _ = std::fs::remove_file(&args.control);
+            console.say(&format!("{kind:?} complete").to_lowercase());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            console.say(&format!("cannot run: {e}"));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Loads the plan's modules, each with its options, in order. Every module is tried; the exit
+/// status says whether all loaded.
+fn load_modules(plan: &std::path::Path) -> ExitCode {
+    let plan = match read_plan(plan) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut failed = Vec::new();
+    for m in &plan.kernel.modules {
+        let mut cmd = std::process::Command::new("/usr/sbin/modprobe");
+        cmd.arg(m);
+        if let Some(opts) = plan.kernel.module_options.get(m) {
+            cmd.args(opts.iter().map(|(k, v)| format!("{k}={v}")));
+        }
+        let t = Instant::now();
+        match cmd.status() {
+            Ok(s) if s.success() => println!("loaded {m} in {} ms", t.elapsed().as_millis()),
+            Ok(s) => {
+                println!("modprobe {m} failed: {s}");
+                failed.push(m.clone());
+            }
+            Err(e) => {
+                println!("cannot run modprobe for {m}: {e}");
+                failed.push(m.clone());
+            }
+        }
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("not loaded: {}", failed.join(" "));
+        ExitCode::from(1)
+    }
 }

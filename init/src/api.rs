@@ -1,0 +1,159 @@
+//! The control API: D-Bus, peer to peer on a root-only unix socket, no bus daemon. These types are
+//! the wire format; `nasctl` prints them as tables or as JSON.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use zbus::Type;
+
+pub const OBJECT_PATH: &str = "/org/nasos/Init1";
+pub const INTERFACE: &str = "org.nasos.Init1";
+/// Where PID 1 listens. Tests and the benchmark pass their own path.
+pub const DEFAULT_SOCKET: &str = "/run/nasinit/control.sock";
+
+/// One service, as `nasctl services` shows it. Times are milliseconds since nasinit started;
+/// -1 means "not yet".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
+pub struct ServiceInfo {
+    pub name: String,
+    /// waiting, starting, running, done, backoff, stopping, stopped, failed.
+    pub state: String,
+    /// Main process id, 0 when none runs.
+    pub pid: u32,
+    /// Restarts after the first start.
+    pub restarts: u32,
+    /// When the service entered its current state.
+    pub since_ms: i64,
+    /// First start.
+    pub started_ms: i64,
+    /// First time ready.
+    pub ready_ms: i64,
+    /// How the last process ended ("exit 0", "signal 9"), empty if none has.
+    pub last_exit: String,
+    /// Why it is in its state (what it waits for, why it failed).
+    pub detail: String,
+}
+
+/// The appliance as a whole.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
+pub struct Status {
+    /// starting, ready, degraded, stopping.
+    pub state: String,
+    pub hostname: String,
+    pub image: String,
+    pub version: String,
+    pub pid1: bool,
+    pub uptime_ms: i64,
+    /// When every service became ready, -1 if not (yet).
+    pub ready_ms: i64,
+    /// Kernel boot → nasinit start, from CLOCK_BOOTTIME; -1 when unknown.
+    pub kernel_ms: i64,
+    pub services: u32,
+    pub services_ready: u32,
+    pub services_failed: u32,
+    /// Processes that were not nasinit's own children and were reaped after being re-parented.
+    pub orphans_reaped: u64,
+}
+
+/// One line of the boot timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
+pub struct TimelineEntry {
+    pub name: String,
+    pub started_ms: i64,
+    pub ready_ms: i64,
+}
+
+/// A page of a service's log: lines with their sequence numbers, and the cursor to continue from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
+pub struct LogPage {
+    pub lines: Vec<LogLine>,
+    pub next: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
+pub struct LogLine {
+    pub seq: u64,
+    pub text: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to nasinit at {path}: {source}")]
+    Connect { path: String, source: std::io::Error },
+    #[error("D-Bus handshake with nasinit failed: {0}")]
+    Handshake(zbus::Error),
+    #[error("{0}")]
+    Call(zbus::Error),
+}
+
+/// A control connection to nasinit.
+pub struct Client {
+    conn: zbus::Connection,
+}
+
+impl Client {
+    pub async fn connect(path: &Path) -> Result<Client, ClientError> {
+        let stream = std::os::unix::net::UnixStream::connect(path)
+            .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
+        let conn = zbus::connection::Builder::unix_stream(stream)
+            .p2p()
+            .method_timeout(Duration::from_secs(30))
+            .build()
+            .await
+            .map_err(ClientError::Handshake)?;
+        Ok(Client { conn })
+    }
+
+    async fn call<B, R>(&self, method: &str, body: &B) -> Result<R, ClientError>
+    where
+        B: Serialize + Type,
+        R: DeserializeOwned + Type,
+    {
+        let reply = self
+            .conn
+            .call_method(None::<()>, OBJECT_PATH, Some(INTERFACE), method, body)
+            .await
+            .map_err(ClientError::Call)?;
+        reply.body().deserialize::<R>().map_err(ClientError::Call)
+    }
+
+    pub async fn status(&self) -> Result<Status, ClientError> {
+        self.call("Status", &()).await
+    }
+
+    pub async fn services(&self) -> Result<Vec<ServiceInfo>, ClientError> {
+        self.call("Services", &()).await
+    }
+
+    pub async fn start(&self, name: &str) -> Result<(), ClientError> {
+        self.call("Start", &(name,)).await
+    }
+
+    pub async fn stop(&self, name: &str) -> Result<(), ClientError> {
+        self.call("Stop", &(name,)).await
+    }
+
+    pub async fn restart(&self, name: &str) -> Result<(), ClientError> {
+        self.call("Restart", &(name,)).await
+    }
+
+    /// Lines after `cursor` (0: from the oldest kept), at most `max`.
+    pub async fn logs(&self, name: &str, cursor: u64, max: u32) -> Result<LogPage, ClientError> {
+        self.call("Logs", &(name, cursor, max)).await
+    }
+
+    pub async fn timeline(&self) -> Result<Vec<TimelineEntry>, ClientError> {
+        self.call("Timeline", &()).await
+    }
+
+    /// `poweroff`, `reboot` or `halt`. A connection that drops after the request was sent counts
+    /// as success: the machine may well be gone before the reply.
+    pub async fn shutdown(&self, kind: &str) -> Result<(), ClientError> {
+        match self.call::<_, ()>("Shutdown", &(kind,)).await {
+            Err(ClientError::Call(zbus::Error::InputOutput(_))) => Ok(()),
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The end of a PID 1: after the services have stopped, kill what remains, sync, unmount, and
+//! reboot(2). Never returns.
+
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::reboot::{RebootMode, reboot};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::{Pid, sync};
+
+use crate::console::Console;
+use crate::supervisor::ShutdownKind;
+
+/// Filesystems that hold no data worth unmounting before power goes.
+const VIRTUAL: &[&str] = &[
+    "proc",
+    "sysfs",
+    "devtmpfs",
+    "devpts",
+    "tmpfs",
+    "cgroup2",
+    "securityfs",
+    "debugfs",
+    "tracefs",
+    "mqueue",
+    "pstore",
+    "bpf",
+    "configfs",
+    "efivarfs",
+    "rpc_pipefs",
+    "nfsd",
+    "fusectl",
+];
+
+pub fn finish(kind: ShutdownKind, console: &Console) -> ! {
+    console.say("sending SIGTERM to remaining processes");
+    let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+    reap_until_gone(Duration::from_secs(5));
+    console.say("sending SIGKILL to remaining processes");
+    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+    reap_until_gone(Duration::from_secs(2));
+    sync();
+    unmount_all(console);
+    sync();
+    let mode = match kind {
+        ShutdownKind::Poweroff => RebootMode::RB_POWER_OFF,
+        ShutdownKind::Reboot => RebootMode::RB_AUTOBOOT,
+        ShutdownKind::Halt => RebootMode::RB_HALT_SYSTEM,
+    };
+    console.say(&format!("{kind:?}").to_lowercase());
+    let Err(e) = reboot(mode);
+    console.say(&format!("reboot(2) failed: {e}"));
+    // Nothing left to do but not exit (PID 1 exiting panics the kernel).
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn reap_until_gone(limit: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Err(Errno::ECHILD) => return,
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(20)),
+            _ => {}
+        }
+    }
+}
+
+fn unmount_all(console: &Console) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let mut mounts: Vec<(String, String)> = info
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mp = left.split_whitespace().nth(4)?.to_string();
+            let fstype = right.split_whitespace().next()?.to_string();
+            Some((mp, fstype))
+        })
+        .collect();
+    // Deepest first.
+    mounts.reverse();
+    for (mp, fstype) in mounts {
+        if mp == "/" || VIRTUAL.contains(&fstype.as_str()) {
+            continue;
+        }
+        if umount2(mp.as_str(), MntFlags::empty()).is_err() {
+            let r =
+                mount(None::<&str>, mp.as_str(), None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>);
+            if let Err(e) = r {
+                console.say(&format!("cannot unmount or remount {mp} read-only: {e}"));
+            }
+        }
+    }
+}
