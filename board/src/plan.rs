@@ -371,8 +371,10 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     packages.sort();
     packages.dedup();
 
-    let boot_driver = if b.boot.matcher.virtio_serial.is_some() { "virtio_blk" } else { "nvme" };
-    let initramfs_modules = vec![boot_driver.to_string(), "dm-mod".into(), "dm-verity".into(), "erofs".into()];
+    let boot_drivers: &[&str] =
+        if b.boot.matcher.virtio_serial.is_some() { &["virtio_pci", "virtio_blk"] } else { &["nvme"] };
+    let mut initramfs_modules: Vec<String> = boot_drivers.iter().map(|s| s.to_string()).collect();
+    initramfs_modules.extend(["dm-mod", "dm-verity", "erofs"].map(String::from));
     let mut modules: Vec<String> = b.kernel.modules.clone();
     let mut push = |m: &str| {
         if !modules.iter().any(|x| x == m) {

@@ -8,6 +8,17 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use nasos_board::{Loaded, Report, load_recipe_file, schema};
 
+mod build;
+mod disk;
+mod host;
+mod initramfs;
+mod lock;
+mod root;
+mod rootfs;
+mod stage;
+mod uki;
+mod zfs;
+
 #[derive(Parser)]
 #[command(name = "nasos", version, about = "Build and boot nasos, the NFS-over-RDMA storage appliance firmware")]
 struct Cli {
@@ -34,6 +45,37 @@ enum Command {
         /// Print the plan as JSON (what the image carries at /usr/lib/nasos/plan.json).
         #[arg(long)]
         json: bool,
+    },
+    /// Build the image: a verified A/B disk (raw and qcow2) in build/<image name>/ (or --out).
+    Build {
+        /// The recipe, e.g. recipes/qemu-dev.toml.
+        recipe: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Resolve packages afresh and rewrite RECIPE.lock.
+        #[arg(long)]
+        update_lock: bool,
+        /// Print the per-stage timing table.
+        #[arg(long)]
+        timings: bool,
+    },
+    /// Build the image if needed and boot it on the emulated twin board (QEMU, TCG).
+    Qemu {
+        /// The recipe, e.g. recipes/qemu-dev.toml.
+        recipe: PathBuf,
+        /// Do not put the console on this terminal (it goes to --serial, or a log file).
+        #[arg(long)]
+        headless: bool,
+        /// Serve the serial console on this unix socket instead of the terminal.
+        #[arg(long)]
+        serial: Option<PathBuf>,
+        /// Serve the QMP monitor on this unix socket.
+        #[arg(long)]
+        qmp: Option<PathBuf>,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 2048)]
+        memory: u32,
     },
     /// Print the JSON Schema of recipe or board files, for editors (e.g. taplo, VS Code Even Better TOML).
     Schema {
@@ -83,6 +125,73 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 write!(out, "{plan}")?;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Build { recipe, out, update_lock, timings } => {
+            let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
+            let plan = loaded.plan();
+            let out = out.unwrap_or_else(|| PathBuf::from("build").join(&plan.image.name));
+            let opts = build::Options { recipe: recipe.clone(), out, update_lock };
+            let outputs = build::build(&opts, &plan)?;
+            if timings {
+                eprint!("{}", outputs.stages.table());
+            }
+            println!("{}", outputs.disk_raw.display());
+            println!("{}", outputs.disk_qcow2.display());
+            println!("{}", outputs.uki.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Qemu { recipe, headless, serial, qmp, memory } => {
+            let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
+            let plan = loaded.plan();
+            if !loaded.board.board.emulated {
+                anyhow::bail!(
+                    "board `{}` is real hardware; `nasos qemu` boots recipes for an emulated board such as qemu-q35",
+                    loaded.board.board.name
+                );
+            }
+            let out = PathBuf::from("build").join(&plan.image.name);
+            let outputs =
+                build::build(&build::Options { recipe: recipe.clone(), out: out.clone(), update_lock: false }, &plan)?;
+            host::ensure(host::QEMU)?;
+            let state = out.join("vm");
+            std::fs::create_dir_all(&state)?;
+            // Boot a fresh overlay: the built disk stays as built; the bays persist.
+            let run = state.join("run.qcow2");
+            let _ = std::fs::remove_file(&run);
+            let base = std::fs::canonicalize(&outputs.disk_qcow2)?;
+            root::run(
+                std::process::Command::new("qemu-img")
+                    .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+                    .arg(&base)
+                    .arg(&run),
+                "qemu-img create",
+            )?;
+            let console = match (serial, headless) {
+                (Some(p), _) => nasos_qemu::Serial::Socket(p),
+                (None, true) => nasos_qemu::Serial::File(state.join("console.log")),
+                (None, false) => nasos_qemu::Serial::Stdio,
+            };
+            let links = plan
+                .links
+                .iter()
+                .map(|l| nasos_qemu::Link {
+                    port: l.port.clone(),
+                    socket: state.join(format!("net-{}.sock", l.port)),
+                    listen: true,
+                })
+                .collect();
+            let spec = nasos_qemu::Spec {
+                board: loaded.board.clone(),
+                disk: run,
+                state,
+                memory_mib: memory,
+                serial: console,
+                qmp,
+                links,
+            };
+            nasos_qemu::prepare_state(&spec)?;
+            let status = nasos_qemu::command(&spec).status().context("running qemu-system-x86_64")?;
+            Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Schema { kind } => {
             let schema = match kind {

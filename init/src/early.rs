@@ -63,6 +63,26 @@ pub fn mount_api_filesystems(console: &Console) {
     }
 }
 
+/// The root is read-only; /etc and /var get a tmpfs overlay so daemons can write their state
+/// (nfs-utils writes /var/lib/nfs, exportfs writes /etc/exports). Persistent state lives in the
+/// pools and on the data partition, not here.
+pub fn writable_overlays(console: &Console) {
+    for dir in ["etc", "var"] {
+        let upper = format!("/run/nasos/overlay/{dir}/upper");
+        let work = format!("/run/nasos/overlay/{dir}/work");
+        if fs::create_dir_all(&upper).and_then(|_| fs::create_dir_all(&work)).is_err() {
+            console.say(&format!("cannot prepare the /{dir} overlay"));
+            continue;
+        }
+        let opts = format!("lowerdir=/{dir},upperdir={upper},workdir={work}");
+        if let Err(e) =
+            mount(Some("overlay"), format!("/{dir}").as_str(), Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
+        {
+            console.say(&format!("cannot make /{dir} writable (overlay): {e}"));
+        }
+    }
+}
+
 pub fn set_hostname(name: &str, console: &Console) {
     if let Err(e) = nix::unistd::sethostname(name) {
         console.say(&format!("cannot set hostname {name}: {e}"));

@@ -45,6 +45,9 @@ enum Command {
 fn main() -> ExitCode {
     let t0 = Instant::now();
     if std::process::id() == 1 {
+        if std::path::Path::new(nasos_init::initramfs::MARKER).exists() {
+            initramfs();
+        }
         pid1(t0);
     }
     let args = Args::parse();
@@ -59,11 +62,26 @@ fn read_plan(path: &std::path::Path) -> Result<Plan, String> {
     serde_json::from_str(&text).map_err(|e| format!("plan {} is not valid: {e}", path.display()))
 }
 
+/// PID 1 of the initramfs: reach the verified root and exec its nasinit. On failure, say why
+/// and reboot, so the boot loader's try counter for this slot runs down.
+fn initramfs() -> ! {
+    let console = Console::new(false);
+    let why = nasos_init::initramfs::run(&console);
+    console.say(&format!("cannot boot: {why}"));
+    console.say("rebooting in 10 s");
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
 /// PID 1: tolerant of any argv the kernel passes, never returns.
 fn pid1(t0: Instant) -> ! {
     let kernel_ms = early::kernel_ms();
     let console = Console::new(false);
     early::mount_api_filesystems(&console);
+    early::writable_overlays(&console);
     let console = Console::new(true);
     console.say(&format!("started {:.2}s after the kernel", kernel_ms as f64 / 1000.0));
     let plan = match read_plan(std::path::Path::new(PLAN_PATH)) {

@@ -1,0 +1,241 @@
+//! `nasos build`: recipe → plan → rootfs (+ ZFS module) → verified root + initramfs → UKI →
+//! A/B disk, each stage cached by content.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use nasos_board::Plan;
+
+use crate::disk::{self, Guids, Layout};
+use crate::initramfs::{Cpio, Entry};
+use crate::lock::{self, Lock};
+use crate::root::{self, Binaries};
+use crate::rootfs::{self, Cache, SOURCE};
+use crate::stage::{Key, Stages, write_atomic};
+use crate::{host, uki, zfs};
+
+/// Bumped when a stage's own logic changes in a way its inputs do not show.
+const STAGE_LOGIC: &str = "nasos-build-1";
+const BOOT_EFI: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
+const ESP_MIB: u64 = 96;
+const DATA_MIB: u64 = 256;
+const DEFAULT_SLOT_MIB: u64 = 1024;
+
+pub struct Options {
+    pub recipe: PathBuf,
+    pub out: PathBuf,
+    pub update_lock: bool,
+}
+
+pub struct Outputs {
+    pub disk_raw: PathBuf,
+    pub disk_qcow2: PathBuf,
+    pub uki: PathBuf,
+    pub stages: Stages,
+}
+
+pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
+    host::ensure(host::BUILD)?;
+    std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
+    let cache = Cache::open()?;
+    let bins = Binaries::beside_self()?;
+    let plan_json = serde_json::to_string_pretty(plan)?;
+    let lock_path = lock::path_for(&opts.recipe);
+    let locked = if opts.update_lock { None } else { Lock::read(&lock_path)? };
+    let mut stages = Stages::new(&opts.out)?;
+    // The later stages' logic lives in this binary: a different nasos redoes them.
+    let tool = crate::stage::sha256_file(&std::env::current_exe()?)?;
+
+    // Root filesystem, from the lock when there is one.
+    let epoch = locked.as_ref().map_or_else(now_day, |l| l.epoch);
+    let rootfs_key = |lock: Option<&Lock>| -> anyhow::Result<Key> {
+        let mut k = Key::new("rootfs");
+        k.str(STAGE_LOGIC).str(SOURCE).str(&plan.packages.join(","));
+        k.str(&lock.map(|l| l.to_toml()).transpose()?.unwrap_or_default());
+        Ok(k)
+    };
+    let key = rootfs_key(locked.as_ref())?;
+    let tar = cache.root.join("rootfs").join(format!("{}.tar", key.hex()));
+    let resolved_path = tar.with_extension("lock");
+    stages.run_keyed("rootfs", &key, &[&tar, &resolved_path], || {
+        // mmdebstrap picks its output format from the extension: keep `.tar` last.
+        let tmp = tar.with_extension(format!("tmp{}.tar", std::process::id()));
+        let resolved = rootfs::build(&cache, &plan.packages, locked.as_ref(), epoch, &tmp)?;
+        if let Some(l) = &locked {
+            l.check(&resolved)?;
+        }
+        std::fs::rename(&tmp, &tar)?;
+        write_atomic(&resolved_path, resolved.to_toml()?.as_bytes())?;
+        Ok(format!("{} packages, {} MiB", resolved.packages.len(), mib(&tar)))
+    })?;
+    let resolved: Lock =
+        toml::from_str(&std::fs::read_to_string(&resolved_path)?).context("reading the resolved package list")?;
+    if locked.is_none() {
+        write_atomic(&lock_path, resolved.to_toml()?.as_bytes())?;
+        eprintln!("nasos: wrote {}", lock_path.display());
+        // Next time the lock exists: make the same tarball answer to the locked key too.
+        let locked_key = rootfs_key(Some(&resolved))?;
+        let again = cache.root.join("rootfs").join(format!("{}.tar", locked_key.hex()));
+        if !again.exists() {
+            std::fs::hard_link(&tar, &again).or_else(|_| std::fs::copy(&tar, &again).map(|_| ()))?;
+            std::fs::copy(&resolved_path, again.with_extension("lock"))?;
+        }
+    }
+
+    // ZFS module, when the image has pools.
+    let zfs_dir = if plan.pools.is_empty() {
+        None
+    } else {
+        let v = &zfs::versions(&resolved)?;
+        let t = std::time::Instant::now();
+        let (dir, built) = zfs::ensure(&cache, v, epoch)?;
+        stages.timings.push(crate::stage::Timing {
+            stage: "zfs",
+            took: t.elapsed(),
+            cached: !built,
+            note: format!("zfs {} for {}", v.zfs_version, v.kernel_release),
+        });
+        Some(dir)
+    };
+    let (kernel_release, _) = zfs::kernel(&resolved)?;
+
+    // Verified root, initramfs and kernel: they share one unpacked tree.
+    let root_img = opts.out.join("root.img");
+    let initrd = opts.out.join("initrd.cpio");
+    let vmlinuz = opts.out.join("vmlinuz");
+    let verity_file = opts.out.join("verity.txt");
+    let mut k = Key::new("root");
+    k.str(STAGE_LOGIC).str(&tool).str(&key.hex()).str(&plan_json);
+    k.file(&bins.nasinit)?.file(&bins.nasctl)?;
+    if let Some(d) = &zfs_dir {
+        k.str(&d.display().to_string());
+    }
+    stages.run("root", &k, &[&root_img, &initrd, &vmlinuz, &verity_file], || {
+        let tree = opts.out.join("tree");
+        root::assemble(&tar, &tree, plan, &plan_json, &bins)?;
+        if let Some(d) = &zfs_dir {
+            zfs::install(d, &tree, &kernel_release)?;
+        }
+        let tree_mib = root::tree_size(&tree) >> 20;
+        let nasinit = tree.join(nasos_board::plan::NASINIT_PATH.trim_start_matches('/'));
+        initramfs(&tree, &kernel_release, plan, &nasinit, &initrd)?;
+        std::fs::copy(tree.join("boot").join(format!("vmlinuz-{kernel_release}")), &vmlinuz)
+            .context("copying the kernel")?;
+        let tmp = crate::stage::tmp_path(&root_img);
+        root::erofs(&tree, &tmp, epoch, &root::fixed_uuid(&k.hex()))?;
+        let erofs_mib = mib(&tmp);
+        let v = root::verity(&tmp)?;
+        std::fs::rename(&tmp, &root_img)?;
+        write_atomic(&verity_file, v.cmdline().as_bytes())?;
+        std::fs::remove_dir_all(&tree)?;
+        if let Some(budget) = plan.image.size_budget_mib
+            && erofs_mib > u64::from(budget)
+        {
+            bail!("the root filesystem is {erofs_mib} MiB, over the recipe's budget of {budget} MiB");
+        }
+        Ok(format!("tree {tree_mib} MiB → erofs {erofs_mib} MiB, initramfs {} MiB", mib(&initrd)))
+    })?;
+
+    // UKI.
+    let verity = std::fs::read_to_string(&verity_file)?;
+    let root_hash = verity.trim().trim_start_matches("nasos.verity=").split(':').next().unwrap_or("").to_string();
+    let guids = Guids::derive(&root_hash);
+    let mut cmdline: Vec<String> = plan.kernel.cmdline.clone();
+    cmdline.push("loglevel=4".into());
+    cmdline.push(format!("nasos.root=PARTUUID={}", guids.root_a));
+    cmdline.push(verity.trim().to_string());
+    let cmdline = cmdline.join(" ");
+    let uki_path = opts.out.join("nasos.efi");
+    let mut k = Key::new("uki");
+    k.str(STAGE_LOGIC).str(&tool).str(&cmdline).file(&vmlinuz)?.file(&initrd)?.file(Path::new(uki::STUB))?;
+    stages.run("uki", &k, &[&uki_path], || {
+        let cmd_file = opts.out.join("cmdline.txt");
+        std::fs::write(&cmd_file, &cmdline)?;
+        let osrel = opts.out.join("os-release");
+        std::fs::write(
+            &osrel,
+            format!("NAME=\"nasos\"\nID=nasos\nVERSION_ID={v}\nPRETTY_NAME=\"nasos {v} ({n})\"\nIMAGE_ID={n}\nIMAGE_VERSION={v}\n", v = plan.image.version, n = plan.image.name),
+        )?;
+        let tmp = crate::stage::tmp_path(&uki_path);
+        uki::build(Path::new(uki::STUB), &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel: &vmlinuz, initrd: &initrd }, &tmp)?;
+        std::fs::rename(&tmp, &uki_path)?;
+        Ok(format!("{} MiB", mib(&uki_path)))
+    })?;
+
+    // The disk.
+    let disk_raw = opts.out.join("disk.img");
+    let disk_qcow2 = opts.out.join("disk.qcow2");
+    let slot_mib = plan.image.size_budget_mib.map_or(DEFAULT_SLOT_MIB, u64::from);
+    let entry = format!("EFI/Linux/nasos-{}+{}.efi", plan.image.version, plan.upgrade.boot_tries);
+    let mut k = Key::new("disk");
+    k.str(STAGE_LOGIC).str(&tool).str(&entry).str(&format!("{ESP_MIB}/{slot_mib}/{DATA_MIB}/{epoch}"));
+    k.file(&uki_path)?.file(&root_img)?.file(Path::new(BOOT_EFI))?;
+    stages.run("disk", &k, &[&disk_raw, &disk_qcow2], || {
+        let boot = std::fs::read(BOOT_EFI).context("reading systemd-boot")?;
+        let esp = vec![
+            ("EFI/BOOT/BOOTX64.EFI".to_string(), boot.clone()),
+            ("EFI/systemd/systemd-bootx64.efi".to_string(), boot),
+            ("loader/loader.conf".to_string(), b"timeout 0\neditor no\nauto-entries no\nauto-firmware no\n".to_vec()),
+            (entry.clone(), std::fs::read(&uki_path)?),
+        ];
+        let data = opts.out.join("data.img");
+        disk::data_partition(&data, DATA_MIB, &guids.data, epoch)?;
+        let tmp = crate::stage::tmp_path(&disk_raw);
+        disk::build(&tmp, &Layout { esp_mib: ESP_MIB, slot_mib, data_mib: DATA_MIB }, &guids, &esp, &root_img, &data)?;
+        std::fs::remove_file(&data)?;
+        let qtmp = crate::stage::tmp_path(&disk_qcow2);
+        root::run(
+            std::process::Command::new("qemu-img").args(["convert", "-O", "qcow2"]).arg(&tmp).arg(&qtmp),
+            "qemu-img convert",
+        )?;
+        std::fs::rename(&tmp, &disk_raw)?;
+        std::fs::rename(&qtmp, &disk_qcow2)?;
+        Ok(format!("{} MiB raw, {} MiB qcow2", std::fs::metadata(&disk_raw)?.len() >> 20, mib(&disk_qcow2)))
+    })?;
+    Ok(Outputs { disk_raw, disk_qcow2, uki: uki_path, stages })
+}
+
+/// Writes the initramfs: nasinit as /init, its libraries from the image, the boot modules.
+fn initramfs(tree: &Path, kernel_release: &str, plan: &Plan, nasinit: &Path, out: &Path) -> anyhow::Result<()> {
+    let mut c = Cpio::default();
+    c.add("/init", Entry::File { data: std::fs::read(nasinit)?, mode: 0o755 });
+    c.add("/dev/console", Entry::CharDev { major: 5, minor: 1, mode: 0o600 });
+    c.add(nasos_init::initramfs::MARKER, Entry::File { data: b"NAME=nasos-initramfs\n".to_vec(), mode: 0o644 });
+    for lib in crate::initramfs::needed_libraries(nasinit)? {
+        let (src, dest) = if lib.starts_with("ld-linux") {
+            (tree.join("usr/lib/x86_64-linux-gnu").join(&lib), format!("/lib64/{lib}"))
+        } else {
+            (tree.join("usr/lib/x86_64-linux-gnu").join(&lib), format!("/lib/x86_64-linux-gnu/{lib}"))
+        };
+        let data = std::fs::read(&src).with_context(|| format!("nasinit needs {lib}, which the image lacks"))?;
+        c.add(&dest, Entry::File { data, mode: 0o755 });
+    }
+    let mut wanted = plan.kernel.initramfs_modules.clone();
+    wanted.push("overlay".into());
+    let modules = crate::initramfs::resolve_modules(tree, kernel_release, &wanted)?;
+    let mut list = String::new();
+    for rel in &modules {
+        let name = rel.rsplit('/').next().unwrap_or(rel).split(".ko").next().unwrap_or(rel);
+        let dest = format!("/lib/modules/{name}.ko");
+        c.add(&dest, Entry::File { data: crate::initramfs::module_bytes(tree, kernel_release, rel)?, mode: 0o644 });
+        list.push_str(&dest);
+        list.push('\n');
+    }
+    c.add(nasos_init::initramfs::MODULE_LIST, Entry::File { data: list.into_bytes(), mode: 0o644 });
+    let tmp = crate::stage::tmp_path(out);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    c.write(&mut f)?;
+    drop(f);
+    std::fs::rename(&tmp, out)?;
+    Ok(())
+}
+
+fn mib(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len().div_ceil(1 << 20)).unwrap_or(0)
+}
+
+/// Today at 00:00 UTC, the SOURCE_DATE_EPOCH a new lock records.
+fn now_day() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    now - now % 86_400
+}

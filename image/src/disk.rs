@@ -1,0 +1,187 @@
+//! The A/B disk: GPT with an ESP (systemd-boot and the UKI, named for boot counting), root-A
+//! holding this build, root-B empty, and a data partition. GUIDs derive from the image's content
+//! and the FAT is written with fixed timestamps, so the same inputs give the same disk.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use gpt::partition::Partition;
+use gpt::partition_types;
+
+pub const SECTOR: u64 = 512;
+const MIB: u64 = 1 << 20;
+
+/// Sizes of the partitions, in MiB.
+pub struct Layout {
+    pub esp_mib: u64,
+    pub slot_mib: u64,
+    pub data_mib: u64,
+}
+
+/// Stable identities of the partitions, derived from the build.
+pub struct Guids {
+    pub disk: uuid::Uuid,
+    pub esp: uuid::Uuid,
+    pub root_a: uuid::Uuid,
+    pub root_b: uuid::Uuid,
+    pub data: uuid::Uuid,
+}
+
+impl Guids {
+    pub fn derive(seed: &str) -> Guids {
+        use sha2::{Digest, Sha256};
+        let g = |what: &str| {
+            let d = Sha256::digest(format!("{seed}/{what}").as_bytes());
+            let mut b = [0u8; 16];
+            b.copy_from_slice(&d[..16]);
+            // RFC 4122 version 4 / variant bits, so tools treat them as ordinary random GUIDs.
+            b[6] = (b[6] & 0x0f) | 0x40;
+            b[8] = (b[8] & 0x3f) | 0x80;
+            uuid::Uuid::from_bytes(b)
+        };
+        Guids { disk: g("disk"), esp: g("esp"), root_a: g("root-a"), root_b: g("root-b"), data: g("data") }
+    }
+}
+
+/// Files to put on the ESP: (path on the ESP, contents).
+pub type EspFiles = Vec<(String, Vec<u8>)>;
+
+/// Writes the whole disk image to `out` (sparse): GPT, ESP, root-A, an empty root-B, and data.
+pub fn build(
+    out: &Path,
+    layout: &Layout,
+    guids: &Guids,
+    esp: &EspFiles,
+    root_a: &Path,
+    data: &Path,
+) -> anyhow::Result<()> {
+    let root_len = std::fs::metadata(root_a)?.len();
+    if root_len > layout.slot_mib * MIB {
+        bail!(
+            "the root filesystem with its hash tree is {} MiB, more than the {} MiB slot (image.size_budget_mib)",
+            root_len.div_ceil(MIB),
+            layout.slot_mib
+        );
+    }
+    // 1 MiB for the GPT at the front, the partitions 1 MiB aligned, 1 MiB for the backup GPT.
+    let esp_start = MIB;
+    let a_start = esp_start + layout.esp_mib * MIB;
+    let b_start = a_start + layout.slot_mib * MIB;
+    let data_start = b_start + layout.slot_mib * MIB;
+    let total = data_start + layout.data_mib * MIB + MIB;
+    let _ = std::fs::remove_file(out);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(out)
+        .with_context(|| format!("creating {}", out.display()))?;
+    f.set_len(total)?;
+
+    let part = |ty: partition_types::Type, guid: uuid::Uuid, start: u64, mib: u64, name: &str| Partition {
+        part_type_guid: ty,
+        part_guid: guid,
+        first_lba: start / SECTOR,
+        last_lba: (start + mib * MIB) / SECTOR - 1,
+        flags: 0,
+        name: name.to_string(),
+    };
+    let mut parts: BTreeMap<u32, Partition> = BTreeMap::new();
+    parts.insert(1, part(partition_types::EFI, guids.esp, esp_start, layout.esp_mib, "esp"));
+    parts.insert(2, part(partition_types::LINUX_ROOT_X64, guids.root_a, a_start, layout.slot_mib, "nasos-root-a"));
+    parts.insert(3, part(partition_types::LINUX_ROOT_X64, guids.root_b, b_start, layout.slot_mib, "nasos-root-b"));
+    parts.insert(4, part(partition_types::LINUX_FS, guids.data, data_start, layout.data_mib, "nasos-data"));
+    // Keep the customary 128 entries; the rest are unused.
+    for i in 5..=128 {
+        parts.insert(i, Partition::zero());
+    }
+    let mbr = gpt::mbr::ProtectiveMBR::with_lb_size(u32::try_from(total / SECTOR - 1).unwrap_or(u32::MAX));
+    mbr.overwrite_lba0(&mut f).context("writing the protective MBR")?;
+    let mut disk = gpt::GptConfig::new()
+        .writable(true)
+        .logical_block_size(gpt::disk::LogicalBlockSize::Lb512)
+        .change_partition_count(true)
+        .create_from_device(f, Some(guids.disk))
+        .context("creating the GPT")?;
+    disk.update_partitions(parts).context("laying out the partitions")?;
+    let mut f = disk.write().context("writing the GPT")?;
+
+    let mut esp_img = vec![0u8; (layout.esp_mib * MIB) as usize];
+    write_fat(&mut esp_img, esp, guids.esp.as_fields().0)?;
+    f.seek(SeekFrom::Start(esp_start))?;
+    f.write_all(&esp_img)?;
+    copy_into(&mut f, root_a, a_start)?;
+    copy_into(&mut f, data, data_start)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Formats a FAT32 ESP in memory and writes the files. fatfs without a clock stamps every entry
+/// with the same DOS epoch, which keeps the image reproducible.
+fn write_fat(img: &mut [u8], files: &EspFiles, volume_id: u32) -> anyhow::Result<()> {
+    let opts = fatfs::FormatVolumeOptions::new()
+        .volume_id(volume_id)
+        .volume_label(*b"NASOS-ESP  ")
+        .fat_type(fatfs::FatType::Fat32);
+    fatfs::format_volume(std::io::Cursor::new(&mut *img), opts).context("formatting the ESP")?;
+    let fs =
+        fatfs::FileSystem::new(std::io::Cursor::new(&mut *img), fatfs::FsOptions::new()).context("opening the ESP")?;
+    let root = fs.root_dir();
+    for (path, data) in files {
+        let mut dir = root.clone();
+        let comps: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        for c in &comps[..comps.len() - 1] {
+            dir = match dir.open_dir(c) {
+                Ok(d) => d,
+                Err(_) => dir.create_dir(c).with_context(|| format!("creating {c} on the ESP"))?,
+            };
+        }
+        let mut file =
+            dir.create_file(comps[comps.len() - 1]).with_context(|| format!("creating {path} on the ESP"))?;
+        file.truncate()?;
+        file.write_all(data).with_context(|| format!("writing {path} on the ESP"))?;
+    }
+    Ok(())
+}
+
+fn copy_into(dest: &mut File, src: &Path, offset: u64) -> anyhow::Result<()> {
+    let mut s = File::open(src).with_context(|| format!("opening {}", src.display()))?;
+    dest.seek(SeekFrom::Start(offset))?;
+    let mut buf = vec![0u8; 4 * MIB as usize];
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        // Leave runs of zeros as holes: the raw image stays sparse.
+        if buf[..n].iter().all(|&b| b == 0) {
+            dest.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            dest.write_all(&buf[..n])?;
+        }
+    }
+    Ok(())
+}
+
+/// An empty ext4 data partition image, made reproducibly (fixed UUID, hash seed and time).
+pub fn data_partition(out: &Path, mib: u64, uuid: &uuid::Uuid, epoch: u64) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(out);
+    File::create(out)?.set_len(mib * MIB)?;
+    let o = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "nasos-data", "-U"])
+        .arg(uuid.to_string())
+        .arg("-E")
+        .arg(format!("hash_seed={uuid},root_owner=0:0,lazy_itable_init=0"))
+        .arg(out)
+        .env("E2FSPROGS_FAKE_TIME", epoch.to_string())
+        .output()
+        .context("running mkfs.ext4")?;
+    if !o.status.success() {
+        bail!("mkfs.ext4 failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(())
+}

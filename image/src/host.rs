@@ -1,0 +1,109 @@
+//! The host tools a build needs, checked before anything starts. As root, missing ones are
+//! installed with apt (QEMU from bookworm-backports on Debian 12, where bookworm's QEMU is 7.2);
+//! otherwise the error names the exact apt line to run.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// A tool: a file that must exist, and the Debian package that provides it.
+pub struct Tool {
+    pub path: &'static str,
+    pub package: &'static str,
+    /// Needs bookworm-backports on Debian 12.
+    pub backports: bool,
+}
+
+const fn tool(path: &'static str, package: &'static str) -> Tool {
+    Tool { path, package, backports: false }
+}
+
+/// What `nasos build` needs.
+pub const BUILD: &[Tool] = &[
+    tool("/usr/bin/mmdebstrap", "mmdebstrap"),
+    tool("/usr/bin/mkfs.erofs", "erofs-utils"),
+    tool("/usr/sbin/veritysetup", "cryptsetup-bin"),
+    tool("/usr/bin/mcopy", "mtools"),
+    tool("/usr/sbin/mkfs.vfat", "dosfstools"),
+    tool("/usr/sbin/mkfs.ext4", "e2fsprogs"),
+    tool("/usr/bin/objcopy", "binutils"),
+    tool("/usr/bin/xz", "xz-utils"),
+    tool("/usr/lib/systemd/boot/efi/systemd-bootx64.efi", "systemd-boot-efi"),
+    tool("/usr/lib/systemd/boot/efi/linuxx64.efi.stub", "systemd-boot-efi"),
+    Tool { path: "/usr/bin/qemu-img", package: "qemu-utils", backports: true },
+];
+
+/// What `nasos qemu` needs on top.
+pub const QEMU: &[Tool] = &[
+    Tool { path: "/usr/bin/qemu-system-x86_64", package: "qemu-system-x86", backports: true },
+    tool("/usr/share/OVMF/OVMF_CODE_4M.fd", "ovmf"),
+    tool("/usr/share/OVMF/OVMF_VARS_4M.fd", "ovmf"),
+];
+
+const BACKPORTS_LIST: &str = "/etc/apt/sources.list.d/nasos-bookworm-backports.list";
+
+/// Ensures every tool exists, installing what is missing when running as root.
+pub fn ensure(tools: &[Tool]) -> anyhow::Result<()> {
+    let missing: Vec<&Tool> = tools.iter().filter(|t| !Path::new(t.path).exists()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut plain: Vec<&str> = missing.iter().filter(|t| !t.backports || !is_bookworm()).map(|t| t.package).collect();
+    let mut bpo: Vec<&str> = missing.iter().filter(|t| t.backports && is_bookworm()).map(|t| t.package).collect();
+    plain.sort();
+    plain.dedup();
+    bpo.sort();
+    bpo.dedup();
+    let mut lines = Vec::new();
+    if !bpo.is_empty() {
+        lines.push(format!(
+            "echo 'deb http://deb.debian.org/debian bookworm-backports main' > {BACKPORTS_LIST} && apt-get update"
+        ));
+        lines.push(format!("apt-get install -y -t bookworm-backports {}", bpo.join(" ")));
+    }
+    if !plain.is_empty() {
+        lines.push(format!("apt-get install -y {}", plain.join(" ")));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        let names: Vec<&str> = missing.iter().map(|t| t.path).collect();
+        bail!("missing host tools: {}\nas root, run:\n  {}", names.join(", "), lines.join("\n  "));
+    }
+    eprintln!("nasos: installing host tools: {}", [plain.clone(), bpo.clone()].concat().join(" "));
+    if !bpo.is_empty() && !Path::new(BACKPORTS_LIST).exists() {
+        std::fs::write(BACKPORTS_LIST, "deb http://deb.debian.org/debian bookworm-backports main\n")
+            .with_context(|| format!("writing {BACKPORTS_LIST}"))?;
+    }
+    apt(&["update", "-qq"])?;
+    if !bpo.is_empty() {
+        let mut args = vec!["install", "-y", "-qq", "-t", "bookworm-backports"];
+        args.extend(&bpo);
+        apt(&args)?;
+    }
+    if !plain.is_empty() {
+        let mut args = vec!["install", "-y", "-qq"];
+        args.extend(&plain);
+        apt(&args)?;
+    }
+    let still: Vec<&str> = tools.iter().filter(|t| !Path::new(t.path).exists()).map(|t| t.path).collect();
+    if !still.is_empty() {
+        bail!("apt finished but these are still missing: {}", still.join(", "));
+    }
+    Ok(())
+}
+
+fn apt(args: &[&str]) -> anyhow::Result<()> {
+    let status = Command::new("apt-get")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("running apt-get")?;
+    if !status.success() {
+        bail!("apt-get {} failed: {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+fn is_bookworm() -> bool {
+    std::fs::read_to_string("/etc/os-release").is_ok_and(|s| s.contains("VERSION_CODENAME=bookworm"))
+}

@@ -1,0 +1,262 @@
+//! The verified root: the rootfs tarball unpacked, the ZFS module, nasos's binaries and the plan
+//! added, everything the appliance does not need removed, packed as EROFS, and a dm-verity hash
+//! tree appended. Every input is fixed (timestamps, UUIDs, salt), so the same inputs give the
+//! same bytes.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use nasos_board::Plan;
+use nasos_board::plan::{NASINIT_PATH, PLAN_PATH};
+use nasos_board::recipe::RootLogin;
+
+use crate::stage::{hex, sha256_file};
+
+pub const BLOCK: u64 = 4096;
+
+/// The binaries nasos puts into an image, from the build host's cargo target directory.
+pub struct Binaries {
+    pub nasinit: PathBuf,
+    pub nasctl: PathBuf,
+}
+
+impl Binaries {
+    /// Finds them next to the running `nasos` (cargo builds all of a workspace's binaries there).
+    pub fn beside_self() -> anyhow::Result<Binaries> {
+        let exe = std::env::current_exe().context("locating nasos")?;
+        let dir = exe.parent().context("nasos has no directory")?;
+        let b = Binaries { nasinit: dir.join("nasinit"), nasctl: dir.join("nasctl") };
+        for p in [&b.nasinit, &b.nasctl] {
+            if !p.exists() {
+                bail!("{} is missing: build the workspace first (cargo build --release)", p.display());
+            }
+        }
+        Ok(b)
+    }
+}
+
+/// Unpacks the rootfs and shapes it into the appliance's root tree.
+pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bins: &Binaries) -> anyhow::Result<()> {
+    let _ = std::fs::remove_dir_all(tree);
+    std::fs::create_dir_all(tree)?;
+    run(
+        Command::new("tar").args(["-x", "-p", "--numeric-owner", "-f"]).arg(rootfs_tar).arg("-C").arg(tree),
+        "unpacking the rootfs",
+    )?;
+    install(tree, &bins.nasinit, NASINIT_PATH, 0o755)?;
+    install(tree, &bins.nasctl, "/usr/sbin/nasctl", 0o755)?;
+    write(tree, PLAN_PATH, plan_json.as_bytes(), 0o644)?;
+    write(tree, "/etc/hostname", format!("{}\n", plan.image.hostname).as_bytes(), 0o644)?;
+    write(tree, "/etc/machine-id", b"", 0o444)?;
+    write(tree, "/etc/fstab", b"# nasinit mounts what the appliance needs; the root is read-only.\n", 0o644)?;
+    let release = format!(
+        "NAME=\"nasos\"\nID=nasos\nID_LIKE=debian\nPRETTY_NAME=\"nasos {v} ({n})\"\nIMAGE_ID={n}\nIMAGE_VERSION={v}\nVERSION_ID={v}\n",
+        n = plan.image.name,
+        v = plan.image.version
+    );
+    write(tree, "/usr/lib/nasos/os-release", release.as_bytes(), 0o644)?;
+    set_root_password(tree, plan)?;
+    // The kernel looks for /sbin/init; the initramfs execs nasinit directly, but a rescue boot
+    // with init= pointing at the usual place should land in nasinit too.
+    let init = tree.join("usr/sbin/init");
+    let _ = std::fs::remove_file(&init);
+    std::os::unix::fs::symlink("nasinit", &init)?;
+    for dir in ["export", "var/lib/nasos", "var/log/nasinit"] {
+        std::fs::create_dir_all(tree.join(dir))?;
+    }
+    prune(tree)?;
+    Ok(())
+}
+
+/// Sets root's password field in /etc/shadow from the plan: the hash for password login, locked
+/// (`!`) otherwise. Autologin needs no password: agetty logs root in.
+fn set_root_password(tree: &Path, plan: &Plan) -> anyhow::Result<()> {
+    let path = tree.join("etc/shadow");
+    let shadow = std::fs::read_to_string(&path).context("reading /etc/shadow of the rootfs")?;
+    let field = match (plan.console.root_login, &plan.console.root_password_hash) {
+        (RootLogin::Password, Some(h)) => h.clone(),
+        _ => "!".to_string(),
+    };
+    let mut out = String::new();
+    for line in shadow.lines() {
+        let mut f: Vec<String> = line.split(':').map(String::from).collect();
+        if f.first().map(String::as_str) == Some("root") && f.len() > 2 {
+            f[1] = field.clone();
+        }
+        out.push_str(&f.join(":"));
+        out.push('\n');
+    }
+    std::fs::write(&path, out)?;
+    Ok(())
+}
+
+/// Removes what an appliance never reads, and files that would make two builds differ.
+fn prune(tree: &Path) -> anyhow::Result<()> {
+    for rel in [
+        "boot/initrd.img",
+        "initrd.img",
+        "initrd.img.old",
+        "vmlinuz.old",
+        "var/cache/apt",
+        "var/lib/apt/lists",
+        "var/cache/ldconfig/aux-cache",
+        "var/cache/debconf/config.dat-old",
+        "var/cache/debconf/templates.dat-old",
+        "var/lib/dpkg/status-old",
+        "var/lib/dpkg/diversions-old",
+        "var/log/apt",
+        "var/log/dpkg.log",
+        "var/log/alternatives.log",
+        "var/log/bootstrap.log",
+        "usr/include",
+        "usr/share/doc-base",
+        "usr/share/bug",
+    ] {
+        let p = tree.join(rel);
+        if p.is_dir() && !p.is_symlink() {
+            std::fs::remove_dir_all(&p)?;
+        } else if p.exists() || p.is_symlink() {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    for e in std::fs::read_dir(tree.join("boot"))?.flatten() {
+        if e.file_name().to_string_lossy().starts_with("initrd.img") {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Packs the tree as EROFS with fixed timestamps and UUID.
+pub fn erofs(tree: &Path, out: &Path, epoch: u64, uuid: &str) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(out);
+    run(
+        Command::new("mkfs.erofs")
+            .arg("-zlz4hc")
+            .arg(format!("-T{epoch}"))
+            .arg(format!("-U{uuid}"))
+            .arg("--quiet")
+            .arg(out)
+            .arg(tree),
+        "mkfs.erofs",
+    )?;
+    // The verity hash tree goes right after the data; keep the data a whole number of blocks.
+    let len = std::fs::metadata(out)?.len();
+    if len % BLOCK != 0 {
+        let f = std::fs::OpenOptions::new().write(true).open(out)?;
+        f.set_len(len.div_ceil(BLOCK) * BLOCK)?;
+    }
+    Ok(())
+}
+
+/// The verity parameters the initramfs needs to open the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verity {
+    pub root_hash: String,
+    pub salt: String,
+    pub data_blocks: u64,
+    /// Byte offset of the hash tree in the partition (= data size).
+    pub hash_offset: u64,
+}
+
+impl Verity {
+    /// As carried on the kernel command line: `nasos.verity=ROOTHASH:SALT:DATABLOCKS:HASHOFFSET`.
+    pub fn cmdline(&self) -> String {
+        format!("nasos.verity={}:{}:{}:{}", self.root_hash, self.salt, self.data_blocks, self.hash_offset)
+    }
+}
+
+/// Appends a dm-verity hash tree to an EROFS image, in place. Salt and UUID derive from the data,
+/// so the result is reproducible.
+pub fn verity(image: &Path) -> anyhow::Result<Verity> {
+    let data = std::fs::metadata(image)?.len();
+    let digest = sha256_file(image)?;
+    let salt = digest[..64].to_string();
+    let uuid = uuid_from(&digest[..32]);
+    let out = Command::new("veritysetup")
+        .arg("format")
+        .arg(image)
+        .arg(image)
+        .arg(format!("--data-blocks={}", data / BLOCK))
+        .arg(format!("--hash-offset={data}"))
+        .arg(format!("--salt={salt}"))
+        .arg(format!("--uuid={uuid}"))
+        .output()
+        .context("running veritysetup")?;
+    if !out.status.success() {
+        bail!("veritysetup format failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let root_hash = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Root hash:"))
+        .map(|h| h.trim().to_string())
+        .context("veritysetup printed no root hash")?;
+    // The hash tree's size is not a whole number of blocks in every case; pad for the partition.
+    let len = std::fs::metadata(image)?.len();
+    if len % BLOCK != 0 {
+        std::fs::OpenOptions::new().write(true).open(image)?.set_len(len.div_ceil(BLOCK) * BLOCK)?;
+    }
+    Ok(Verity { root_hash, salt, data_blocks: data / BLOCK, hash_offset: data })
+}
+
+/// A UUID string from 32 hex digits.
+pub fn uuid_from(hex32: &str) -> String {
+    format!("{}-{}-{}-{}-{}", &hex32[0..8], &hex32[8..12], &hex32[12..16], &hex32[16..20], &hex32[20..32])
+}
+
+pub fn fixed_uuid(seed: &str) -> String {
+    use sha2::{Digest, Sha256};
+    uuid_from(&hex(&Sha256::digest(seed.as_bytes()))[..32])
+}
+
+/// Disk usage of a tree in bytes (apparent sizes of regular files).
+pub fn tree_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = e.path().symlink_metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                total += m.len();
+            }
+        }
+    }
+    total
+}
+
+/// Installs a binary without its debug information (an unstripped debug build is ten times the size).
+fn install(tree: &Path, src: &Path, dest: &str, mode: u32) -> anyhow::Result<()> {
+    let p = tree.join(dest.trim_start_matches('/'));
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let _ = std::fs::remove_file(&p);
+    run(Command::new("objcopy").arg("--strip-debug").arg(src).arg(&p), "objcopy --strip-debug")?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+fn write(tree: &Path, dest: &str, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let p = tree.join(dest.trim_start_matches('/'));
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    // Replace, never write through, a symlink the rootfs may have at that path.
+    let _ = std::fs::remove_file(&p);
+    std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+pub fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! The root filesystem: Debian trixie (main + contrib) assembled by mmdebstrap with exactly the
+//! plan's packages, as a tarball. Downloaded .debs are kept in a content-addressed cache and fed
+//! back to apt, so a rebuild downloads nothing; what was installed is compared with the lock.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::lock::{Lock, LockedPackage};
+use crate::stage::sha256_file;
+
+pub const SUITE: &str = "trixie";
+pub const SOURCE: &str = "deb http://deb.debian.org/debian trixie main contrib";
+
+/// Where cached work lives: `$NASOS_CACHE`, else `$XDG_CACHE_HOME/nasos`, else `~/.cache/nasos`.
+pub struct Cache {
+    pub root: PathBuf,
+}
+
+impl Cache {
+    pub fn open() -> anyhow::Result<Cache> {
+        let root = std::env::var_os("NASOS_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("nasos")))
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/nasos")))
+            .context("no cache directory: set NASOS_CACHE")?;
+        for sub in ["debs", "rootfs", "zfs"] {
+            std::fs::create_dir_all(root.join(sub))
+                .with_context(|| format!("creating {}", root.join(sub).display()))?;
+        }
+        Ok(Cache { root })
+    }
+
+    /// The .deb with this sha256, if cached.
+    pub fn deb(&self, sha256: &str) -> PathBuf {
+        self.root.join("debs").join(format!("{sha256}.deb"))
+    }
+}
+
+/// Runs mmdebstrap into `out` (a tarball) and returns what it installed, as a lock.
+pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64, out: &Path) -> anyhow::Result<Lock> {
+    let work = out.with_extension("work");
+    let _ = std::fs::remove_dir_all(&work);
+    let seed = work.join("seed");
+    let archives = work.join("archives");
+    std::fs::create_dir_all(&seed)?;
+    std::fs::create_dir_all(&archives)?;
+    // Offer apt every cached .deb of the lock under the name apt expects; apt checks each against
+    // the repository's hashes before it uses it.
+    if let Some(lock) = lock {
+        for p in &lock.packages {
+            let cached = cache.deb(&p.sha256);
+            if cached.exists() {
+                std::fs::hard_link(&cached, seed.join(p.deb_name()))
+                    .or_else(|_| std::fs::copy(&cached, seed.join(p.deb_name())).map(|_| ()))?;
+            }
+        }
+    }
+    let installed = work.join("installed.tsv");
+    let q = |p: &Path| shell_quote(&p.display().to_string());
+    let mut cmd = Command::new("mmdebstrap");
+    cmd.arg("--variant=essential")
+        .arg(format!("--include={}", packages.join(",")))
+        .arg("--components=main,contrib")
+        .arg("--aptopt=APT::Install-Recommends \"false\"")
+        .arg("--aptopt=Acquire::Retries \"3\"")
+        // Documentation, manuals and translations are not needed on an appliance; copyrights stay.
+        .args(
+            [
+                "/usr/share/doc/*",
+                "/usr/share/man/*",
+                "/usr/share/info/*",
+                "/usr/share/locale/*",
+                "/usr/share/lintian/*",
+            ]
+            .map(|p| format!("--dpkgopt=path-exclude={p}")),
+        )
+        .arg("--dpkgopt=path-include=/usr/share/doc/*/copyright")
+        .arg("--skip=download/empty")
+        .arg("--skip=essential/unlink")
+        .arg("--setup-hook=mkdir -p \"$1\"/var/cache/apt/archives/")
+        .arg(format!("--setup-hook=sync-in {} /var/cache/apt/archives/", q(&seed)))
+        .arg(format!("--customize-hook=sync-out /var/cache/apt/archives {}", q(&archives)))
+        .arg(format!(
+            "--customize-hook=chroot \"$1\" dpkg-query -W -f='${{Package}}\\t${{Version}}\\t${{Architecture}}\\n' > {}",
+            q(&installed)
+        ))
+        .arg("--customize-hook=rm -f \"$1\"/var/cache/apt/archives/*.deb \"$1\"/var/lib/apt/lists/*_Packages")
+        .arg(SUITE)
+        .arg(out)
+        .arg(SOURCE)
+        .env("SOURCE_DATE_EPOCH", epoch.to_string())
+        // The kernel's postinst must not build an initramfs: nasos makes its own.
+        .env("INITRD", "No");
+    let status = cmd.status().context("running mmdebstrap")?;
+    if !status.success() {
+        bail!("mmdebstrap failed ({status}); its output is above");
+    }
+    // Move every .deb into the content-addressed cache and index it by apt's file name.
+    let mut by_name: HashMap<String, String> = HashMap::new();
+    for e in std::fs::read_dir(&archives)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".deb") {
+            continue;
+        }
+        let sha = sha256_file(&e.path())?;
+        let dest = cache.deb(&sha);
+        if !dest.exists() {
+            std::fs::rename(e.path(), &dest).or_else(|_| std::fs::copy(e.path(), &dest).map(|_| ()))?;
+        }
+        by_name.insert(name, sha);
+    }
+    let listing = std::fs::read_to_string(&installed).context("reading the installed package list")?;
+    let mut packages_out = Vec::new();
+    for line in listing.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        let [name, version, arch] = f[..] else { continue };
+        let mut p = LockedPackage {
+            name: name.into(),
+            version: version.into(),
+            architecture: arch.into(),
+            sha256: String::new(),
+        };
+        p.sha256 = by_name
+            .get(&p.deb_name())
+            .cloned()
+            .with_context(|| format!("{} was installed but its .deb was not kept", p.deb_name()))?;
+        packages_out.push(p);
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    packages_out.sort();
+    Ok(Lock { source: SOURCE.into(), epoch, packages: packages_out })
+}
+
+/// Single-quotes a path for the shell snippets mmdebstrap's hooks are.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}

@@ -1,0 +1,282 @@
+//! The emulated twin board: QEMU command lines from the board model, and a driver for a running
+//! VM's serial console and QMP monitor.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nasos_board::Board;
+
+pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// Size of each emulated bay (sparse).
+pub const BAY_SIZE: &str = "4G";
+
+/// Where the serial console goes.
+pub enum Serial {
+    /// The terminal, for people (`-chardev stdio,signal=off`: Ctrl-C reaches the guest).
+    Stdio,
+    /// A unix socket QEMU listens on, for programs.
+    Socket(PathBuf),
+    /// A file, for a headless run nobody watches.
+    File(PathBuf),
+}
+
+/// One private network between VMs: the first VM listens, the others connect.
+pub struct Link {
+    pub port: String,
+    pub socket: PathBuf,
+    pub listen: bool,
+}
+
+pub struct Spec {
+    pub board: Board,
+    /// The boot disk (qcow2). Tests pass a throwaway overlay so the build stays pristine.
+    pub disk: PathBuf,
+    /// Directory for state that outlives a run: the bays and the EFI variables.
+    pub state: PathBuf,
+    pub memory_mib: u32,
+    pub serial: Serial,
+    pub qmp: Option<PathBuf>,
+    pub links: Vec<Link>,
+}
+
+/// Makes the twelve bay disks (kept across runs) and the EFI variable store, if missing.
+pub fn prepare_state(spec: &Spec) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&spec.state)?;
+    for bay in &spec.board.bays {
+        let p = bay_path(spec, &bay.name);
+        if !p.exists() {
+            let o = Command::new("qemu-img").args(["create", "-q", "-f", "qcow2"]).arg(&p).arg(BAY_SIZE).output()?;
+            if !o.status.success() {
+                bail!("qemu-img create {} failed: {}", p.display(), String::from_utf8_lossy(&o.stderr));
+            }
+        }
+    }
+    let vars = spec.state.join("OVMF_VARS.fd");
+    if !vars.exists() {
+        std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copying {OVMF_VARS}"))?;
+    }
+    Ok(())
+}
+
+fn bay_path(spec: &Spec, bay: &str) -> PathBuf {
+    spec.state.join(format!("{}.qcow2", bay.to_ascii_lowercase()))
+}
+
+/// The QEMU command line for a spec.
+pub fn command(spec: &Spec) -> Command {
+    let mut c = Command::new("qemu-system-x86_64");
+    c.args(["-machine", "q35", "-accel", "tcg", "-cpu", "max", "-smp", "1"]);
+    c.arg("-m").arg(spec.memory_mib.to_string());
+    c.args(["-nodefaults", "-display", "none", "-no-user-config"]);
+    c.arg("-drive").arg(format!("if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"));
+    c.arg("-drive").arg(format!("if=pflash,format=raw,unit=1,file={}", spec.state.join("OVMF_VARS.fd").display()));
+    let boot_serial = spec.board.boot.matcher.virtio_serial.clone().unwrap_or_else(|| "nasos-boot".into());
+    c.arg("-drive").arg(format!("file={},if=none,id=boot,format=qcow2,cache=unsafe", spec.disk.display()));
+    c.arg("-device").arg(format!("virtio-blk-pci,drive=boot,serial={boot_serial},bootindex=0"));
+    for (i, bay) in spec.board.bays.iter().enumerate() {
+        let n = i + 1;
+        let serial = bay.matcher.serial.clone().unwrap_or_else(|| bay.name.clone());
+        c.arg("-device").arg(format!("pcie-root-port,id=rp{n},chassis={n},slot={n}"));
+        c.arg("-drive")
+            .arg(format!("file={},if=none,id=bay{n},format=qcow2,cache=unsafe", bay_path(spec, &bay.name).display()));
+        c.arg("-device").arg(format!("nvme,id=nvme{n},serial={serial},drive=bay{n},bus=rp{n}"));
+    }
+    for (i, link) in spec.links.iter().enumerate() {
+        let Some(port) = spec.board.ports.iter().find(|p| p.name == link.port) else { continue };
+        let server = if link.listen { "on" } else { "off" };
+        c.arg("-netdev")
+            .arg(format!("stream,id=net{i},server={server},addr.type=unix,addr.path={}", link.socket.display()));
+        let mac = port.matcher.mac.clone().unwrap_or_default();
+        c.arg("-device").arg(format!("virtio-net-pci,netdev=net{i},mac={mac}"));
+    }
+    c.args(["-device", "i6300esb", "-action", "watchdog=reset"]);
+    match &spec.serial {
+        Serial::Stdio => c.args(["-chardev", "stdio,id=s0,signal=off", "-serial", "chardev:s0"]),
+        Serial::Socket(p) => {
+            c.arg("-chardev").arg(format!("socket,id=s0,path={},server=on,wait=off", p.display()));
+            c.args(["-serial", "chardev:s0"])
+        }
+        Serial::File(p) => {
+            c.arg("-chardev").arg(format!("file,id=s0,path={}", p.display()));
+            c.args(["-serial", "chardev:s0"])
+        }
+    };
+    if let Some(q) = &spec.qmp {
+        c.arg("-qmp").arg(format!("unix:{},server=on,wait=off", q.display()));
+    }
+    c
+}
+
+/// A running VM driven through its serial console socket.
+pub struct Vm {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    console: UnixStream,
+    qmp: Option<PathBuf>,
+    /// Everything the console printed, for failure reports.
+    pub transcript: PathBuf,
+    seen: Vec<String>,
+}
+
+impl Vm {
+    /// Starts QEMU with the console on a socket and begins recording it into `transcript`.
+    pub fn start(spec: &Spec, transcript: &Path) -> anyhow::Result<Vm> {
+        let Serial::Socket(sock) = &spec.serial else { bail!("Vm needs the serial console on a socket") };
+        prepare_state(spec)?;
+        let _ = std::fs::remove_file(sock);
+        let log = std::fs::File::create(spec.state.join("qemu.log"))?;
+        let child = command(spec)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting qemu-system-x86_64")?;
+        let t = Instant::now();
+        let console = loop {
+            match UnixStream::connect(sock) {
+                Ok(s) => break s,
+                Err(_) if t.elapsed() < Duration::from_secs(20) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => bail!("QEMU did not open its console socket {}: {e}", sock.display()),
+            }
+        };
+        let reader = console.try_clone()?;
+        let mut record = std::fs::File::create(transcript)?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(reader);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {
+                        let _ = record.write_all(&buf);
+                        let line = String::from_utf8_lossy(&buf).replace('\r', "").trim_end_matches('\n').to_string();
+                        if tx.send(line).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Vm { child, lines, console, qmp: spec.qmp.clone(), transcript: transcript.to_path_buf(), seen: Vec::new() })
+    }
+
+    /// Waits for a console line containing `needle`; returns it.
+    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return Ok(line);
+                    }
+                }
+                Err(_) => bail!(
+                    "no console line with `{needle}` within {timeout:?}; last lines:\n{}",
+                    self.seen.iter().rev().take(30).rev().cloned().collect::<Vec<_>>().join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Runs a shell command on the console (a logged-in shell) and returns its output and status.
+    pub fn run(&mut self, command: &str, timeout: Duration) -> anyhow::Result<(String, i32)> {
+        let tag = format!("NASOS{}", Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id()));
+        // The markers are built by the shell, so the echoed command line never matches them.
+        let line = format!("{command}; echo \"{tag}_\"\"END $?\"\n");
+        let begin = format!("echo \"{tag}_\"\"BEGIN\"\n");
+        self.console.write_all(begin.as_bytes())?;
+        self.wait_for(&format!("{tag}_BEGIN"), timeout)?;
+        self.console.write_all(line.as_bytes())?;
+        let mut out = Vec::new();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let l = self
+                .lines
+                .recv_timeout(left)
+                .map_err(|_| anyhow::anyhow!("`{command}` did not finish within {timeout:?}"))?;
+            self.seen.push(l.clone());
+            if let Some(rest) = l.split(&format!("{tag}_END ")).nth(1) {
+                let status = rest.trim().parse::<i32>().unwrap_or(-1);
+                // The terminal echoes the command line; it holds the marker in quotes, the real
+                // marker line does not.
+                let echo = format!("{tag}_\"\"END");
+                let body: Vec<String> = out.into_iter().filter(|x: &String| !x.contains(&echo)).collect();
+                return Ok((body.join("\n"), status));
+            }
+            out.push(l);
+        }
+    }
+
+    /// Sends one QMP command (after the capabilities handshake) and returns its `return` value.
+    pub fn qmp(&self, execute: &str, arguments: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let path = self.qmp.as_ref().context("this VM has no QMP socket")?;
+        let s = UnixStream::connect(path)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut r = BufReader::new(s.try_clone()?);
+        let mut w = s;
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")?;
+        line.clear();
+        r.read_line(&mut line)?;
+        let cmd = serde_json::json!({"execute": execute, "arguments": arguments});
+        w.write_all(format!("{cmd}\n").as_bytes())?;
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                bail!("QMP closed");
+            }
+            let v: serde_json::Value = serde_json::from_str(&line)?;
+            if let Some(ret) = v.get("return") {
+                return Ok(ret.clone());
+            }
+            if let Some(e) = v.get("error") {
+                bail!("QMP {execute}: {e}");
+            }
+        }
+    }
+
+    /// Waits for QEMU to exit (the guest powered off).
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait()? {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                bail!("QEMU did not exit within {timeout:?}");
+            }
+            // Keep draining the console so the guest never blocks on a full socket.
+            while let Ok(l) = self.lines.try_recv() {
+                self.seen.push(l);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn console_lines(&self) -> &[String] {
+        &self.seen
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
