@@ -383,6 +383,8 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     };
     push("nvme");
     push(&b.watchdog.driver);
+    // The ESP is FAT: blessing a boot entry renames a file on it.
+    push("vfat");
     for link in &r.network.links {
         if let Some(port) = port_of(&link.port) {
             push(&port.driver);
@@ -674,7 +676,10 @@ fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
     // as a service that does not become ready, instead of a box that does not boot.
     let load_modules = vec![NASINIT_PATH.to_string(), "load-modules".to_string()];
     let modules_policy = RestartPolicy { start_limit: 3, ..oneshot.clone() };
-    add("modules", load_modules, Readiness::Exited, &modules_policy, None, &[]);
+    // udev names devices the way libzfs waits for them (a pool's partitions), and loads drivers
+    // for what it finds. systemd-udevd speaks sd_notify.
+    add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[]);
+    add("modules", load_modules, Readiness::Exited, &modules_policy, None, &["udev"]);
     if network {
         add("fabric", bin("fabric", "up"), Readiness::Exited, &oneshot, None, &["modules"]);
     }

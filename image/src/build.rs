@@ -25,6 +25,8 @@ pub struct Options {
     pub recipe: PathBuf,
     pub out: PathBuf,
     pub update_lock: bool,
+    /// Redo every stage (the ZFS module excepted: it is cached by kernel and ZFS version).
+    pub rebuild: bool,
 }
 
 pub struct Outputs {
@@ -36,6 +38,10 @@ pub struct Outputs {
 
 pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     host::ensure(host::BUILD)?;
+    if plan.image.emulated_board {
+        // An image for the emulated twin is built to be booted: have QEMU and OVMF ready too.
+        host::ensure(host::QEMU)?;
+    }
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let cache = Cache::open()?;
     let bins = Binaries::beside_self()?;
@@ -43,6 +49,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let lock_path = lock::path_for(&opts.recipe);
     let locked = if opts.update_lock { None } else { Lock::read(&lock_path)? };
     let mut stages = Stages::new(&opts.out)?;
+    stages.force = opts.rebuild;
     // The later stages' logic lives in this binary: a different nasos redoes them.
     let tool = crate::stage::sha256_file(&std::env::current_exe()?)?;
 
@@ -106,7 +113,9 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let verity_file = opts.out.join("verity.txt");
     let mut k = Key::new("root");
     k.str(STAGE_LOGIC).str(&tool).str(&key.hex()).str(&plan_json);
-    k.file(&bins.nasinit)?.file(&bins.nasctl)?;
+    for (src, _) in &bins.files {
+        k.file(src)?;
+    }
     if let Some(d) = &zfs_dir {
         k.str(&d.display().to_string());
     }
@@ -157,7 +166,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             format!("NAME=\"nasos\"\nID=nasos\nVERSION_ID={v}\nPRETTY_NAME=\"nasos {v} ({n})\"\nIMAGE_ID={n}\nIMAGE_VERSION={v}\n", v = plan.image.version, n = plan.image.name),
         )?;
         let tmp = crate::stage::tmp_path(&uki_path);
-        uki::build(Path::new(uki::STUB), &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel: &vmlinuz, initrd: &initrd }, &tmp)?;
+        uki::build(Path::new(uki::STUB), &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel: &vmlinuz, initrd: &initrd }, &tmp, epoch)?;
         std::fs::rename(&tmp, &uki_path)?;
         Ok(format!("{} MiB", mib(&uki_path)))
     })?;
@@ -181,7 +190,15 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         let data = opts.out.join("data.img");
         disk::data_partition(&data, DATA_MIB, &guids.data, epoch)?;
         let tmp = crate::stage::tmp_path(&disk_raw);
-        disk::build(&tmp, &Layout { esp_mib: ESP_MIB, slot_mib, data_mib: DATA_MIB }, &guids, &esp, &root_img, &data)?;
+        disk::build(
+            &tmp,
+            &Layout { esp_mib: ESP_MIB, slot_mib, data_mib: DATA_MIB },
+            &guids,
+            &esp,
+            &root_img,
+            &data,
+            epoch,
+        )?;
         std::fs::remove_file(&data)?;
         let qtmp = crate::stage::tmp_path(&disk_qcow2);
         root::run(

@@ -1,6 +1,6 @@
 //! The A/B disk: GPT with an ESP (systemd-boot and the UKI, named for boot counting), root-A
 //! holding this build, root-B empty, and a data partition. GUIDs derive from the image's content
-//! and the FAT is written with fixed timestamps, so the same inputs give the same disk.
+//! and the ESP is written with fixed timestamps, so the same inputs give the same disk.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -57,6 +57,7 @@ pub fn build(
     esp: &EspFiles,
     root_a: &Path,
     data: &Path,
+    epoch: u64,
 ) -> anyhow::Result<()> {
     let root_len = std::fs::metadata(root_a)?.len();
     if root_len > layout.slot_mib * MIB {
@@ -110,41 +111,55 @@ pub fn build(
     disk.update_partitions(parts).context("laying out the partitions")?;
     let mut f = disk.write().context("writing the GPT")?;
 
-    let mut esp_img = vec![0u8; (layout.esp_mib * MIB) as usize];
-    write_fat(&mut esp_img, esp, guids.esp.as_fields().0)?;
-    f.seek(SeekFrom::Start(esp_start))?;
-    f.write_all(&esp_img)?;
+    let esp_img = out.with_extension("esp");
+    write_fat(&esp_img, layout.esp_mib, esp, guids.esp.as_fields().0, epoch)?;
+    copy_into(&mut f, &esp_img, esp_start)?;
+    std::fs::remove_file(&esp_img)?;
     copy_into(&mut f, root_a, a_start)?;
     copy_into(&mut f, data, data_start)?;
     f.sync_all()?;
     Ok(())
 }
 
-/// Formats a FAT32 ESP in memory and writes the files. fatfs without a clock stamps every entry
-/// with the same DOS epoch, which keeps the image reproducible.
-fn write_fat(img: &mut [u8], files: &EspFiles, volume_id: u32) -> anyhow::Result<()> {
-    let opts = fatfs::FormatVolumeOptions::new()
-        .volume_id(volume_id)
-        .volume_label(*b"NASOS-ESP  ")
-        .fat_type(fatfs::FatType::Fat32);
-    fatfs::format_volume(std::io::Cursor::new(&mut *img), opts).context("formatting the ESP")?;
-    let fs =
-        fatfs::FileSystem::new(std::io::Cursor::new(&mut *img), fatfs::FsOptions::new()).context("opening the ESP")?;
-    let root = fs.root_dir();
-    for (path, data) in files {
-        let mut dir = root.clone();
-        let comps: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        for c in &comps[..comps.len() - 1] {
-            dir = match dir.open_dir(c) {
-                Ok(d) => d,
-                Err(_) => dir.create_dir(c).with_context(|| format!("creating {c} on the ESP"))?,
-            };
+/// Formats the FAT32 ESP with mkfs.vfat and writes the files with mtools. (A FAT written by the
+/// fatfs crate booted, but OVMF's FAT driver refused to rename files on it, which breaks
+/// systemd-boot's boot counting.) `--invariant`, a fixed volume id and SOURCE_DATE_EPOCH for
+/// mtools make it reproducible.
+fn write_fat(img: &Path, mib: u64, files: &EspFiles, volume_id: u32, epoch: u64) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(img);
+    File::create(img)?.set_len(mib * MIB)?;
+    let tool = |name: &str, args: &[&str]| -> anyhow::Result<()> {
+        let o = std::process::Command::new(name)
+            .args(args)
+            .env("SOURCE_DATE_EPOCH", epoch.to_string())
+            .env("MTOOLS_SKIP_CHECK", "1")
+            .output()
+            .with_context(|| format!("running {name}"))?;
+        if !o.status.success() {
+            bail!("{name} {} failed: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim());
         }
-        let mut file =
-            dir.create_file(comps[comps.len() - 1]).with_context(|| format!("creating {path} on the ESP"))?;
-        file.truncate()?;
-        file.write_all(data).with_context(|| format!("writing {path} on the ESP"))?;
+        Ok(())
+    };
+    let img_s = img.display().to_string();
+    tool("mkfs.vfat", &["--invariant", "-i", &format!("{volume_id:08x}"), "-F", "32", "-n", "NASOS-ESP", &img_s])?;
+    let dir = img.with_extension("files");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let mut made: Vec<String> = Vec::new();
+    for (i, (path, data)) in files.iter().enumerate() {
+        let comps: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        for depth in 1..comps.len() {
+            let d = comps[..depth].join("/");
+            if !made.contains(&d) {
+                tool("mmd", &["-i", &img_s, &format!("::{d}")])?;
+                made.push(d);
+            }
+        }
+        let src = dir.join(i.to_string());
+        std::fs::write(&src, data)?;
+        tool("mcopy", &["-i", &img_s, &src.display().to_string(), &format!("::{}", comps.join("/"))])?;
     }
+    std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
 

@@ -59,6 +59,10 @@ enum Command {
         /// Print the per-stage timing table.
         #[arg(long)]
         timings: bool,
+        /// Redo every stage from the recipe and lock, ignoring what is cached (the ZFS module,
+        /// cached by kernel and ZFS version, excepted).
+        #[arg(long)]
+        rebuild: bool,
     },
     /// Build the image if needed and boot it on the emulated twin board (QEMU, TCG).
     Qemu {
@@ -126,11 +130,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Build { recipe, out, update_lock, timings } => {
+        Command::Build { recipe, out, update_lock, timings, rebuild } => {
             let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
             let plan = loaded.plan();
             let out = out.unwrap_or_else(|| PathBuf::from("build").join(&plan.image.name));
-            let opts = build::Options { recipe: recipe.clone(), out, update_lock };
+            let opts = build::Options { recipe: recipe.clone(), out, update_lock, rebuild };
             let outputs = build::build(&opts, &plan)?;
             if timings {
                 eprint!("{}", outputs.stages.table());
@@ -150,8 +154,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
             let out = PathBuf::from("build").join(&plan.image.name);
-            let outputs =
-                build::build(&build::Options { recipe: recipe.clone(), out: out.clone(), update_lock: false }, &plan)?;
+            let outputs = build::build(
+                &build::Options { recipe: recipe.clone(), out: out.clone(), update_lock: false, rebuild: false },
+                &plan,
+            )?;
             host::ensure(host::QEMU)?;
             let state = out.join("vm");
             std::fs::create_dir_all(&state)?;

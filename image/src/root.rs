@@ -16,24 +16,40 @@ use crate::stage::{hex, sha256_file};
 
 pub const BLOCK: u64 = 4096;
 
-/// The binaries nasos puts into an image, from the build host's cargo target directory.
+/// The binaries nasos puts into an image, from the build host's cargo target directory:
+/// (path on the host, path in the image).
 pub struct Binaries {
-    pub nasinit: PathBuf,
-    pub nasctl: PathBuf,
+    pub files: Vec<(PathBuf, String)>,
 }
+
+/// nasos's own programs and where they go in the image.
+const PROGRAMS: &[(&str, &str)] = &[
+    ("nasinit", NASINIT_PATH),
+    ("nasctl", "/usr/sbin/nasctl"),
+    ("nasos-fabric", "/usr/lib/nasos/nasos-fabric"),
+    ("nasos-storage", "/usr/lib/nasos/nasos-storage"),
+    ("nasos-nfs", "/usr/lib/nasos/nasos-nfs"),
+    ("nasos-health", "/usr/lib/nasos/nasos-health"),
+    ("nasos-upgrade", "/usr/lib/nasos/nasos-upgrade"),
+];
 
 impl Binaries {
     /// Finds them next to the running `nasos` (cargo builds all of a workspace's binaries there).
     pub fn beside_self() -> anyhow::Result<Binaries> {
         let exe = std::env::current_exe().context("locating nasos")?;
         let dir = exe.parent().context("nasos has no directory")?;
-        let b = Binaries { nasinit: dir.join("nasinit"), nasctl: dir.join("nasctl") };
-        for p in [&b.nasinit, &b.nasctl] {
+        let mut files = Vec::new();
+        for (name, dest) in PROGRAMS {
+            let p = dir.join(name);
             if !p.exists() {
-                bail!("{} is missing: build the workspace first (cargo build --release)", p.display());
+                bail!(
+                    "{} is missing: build the whole workspace first (cargo build --release --workspace)",
+                    p.display()
+                );
             }
+            files.push((p, dest.to_string()));
         }
-        Ok(b)
+        Ok(Binaries { files })
     }
 }
 
@@ -45,8 +61,9 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
         Command::new("tar").args(["-x", "-p", "--numeric-owner", "-f"]).arg(rootfs_tar).arg("-C").arg(tree),
         "unpacking the rootfs",
     )?;
-    install(tree, &bins.nasinit, NASINIT_PATH, 0o755)?;
-    install(tree, &bins.nasctl, "/usr/sbin/nasctl", 0o755)?;
+    for (src, dest) in &bins.files {
+        install(tree, src, dest, 0o755)?;
+    }
     write(tree, PLAN_PATH, plan_json.as_bytes(), 0o644)?;
     write(tree, "/etc/hostname", format!("{}\n", plan.image.hostname).as_bytes(), 0o644)?;
     write(tree, "/etc/machine-id", b"", 0o444)?;
@@ -111,6 +128,12 @@ fn prune(tree: &Path) -> anyhow::Result<()> {
         "var/log/alternatives.log",
         "var/log/bootstrap.log",
         "usr/include",
+        // Per-machine identities that package scripts generate at random: they belong to each
+        // box (made on first boot), not to an image every box shares, and they would make two
+        // builds differ.
+        "etc/hostid",
+        "etc/nvme/hostid",
+        "etc/nvme/hostnqn",
         "usr/share/doc-base",
         "usr/share/bug",
     ] {

@@ -75,6 +75,8 @@ pub struct Timing {
 /// Records stage keys next to a build's outputs and times the stages.
 pub struct Stages {
     dir: PathBuf,
+    /// Redo every stage, whatever is recorded (a clean build).
+    pub force: bool,
     pub timings: Vec<Timing>,
 }
 
@@ -82,7 +84,7 @@ impl Stages {
     pub fn new(dir: &Path) -> anyhow::Result<Self> {
         let dir = dir.join(".stages");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Stages { dir, timings: Vec::new() })
+        Ok(Stages { dir, force: false, timings: Vec::new() })
     }
 
     /// Runs `work` unless the stage's recorded key equals `key` and all `outputs` exist.
@@ -114,7 +116,7 @@ impl Stages {
         let stamp = self.dir.join(stage);
         let key = key.hex();
         let t = Instant::now();
-        let fresh = outputs.iter().all(|o| o.exists());
+        let fresh = !self.force && outputs.iter().all(|o| o.exists());
         self.finish(stage, &stamp, &key, t, fresh, work)
     }
 

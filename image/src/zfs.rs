@@ -84,10 +84,12 @@ pub fn install(modules: &Path, root: &Path, kernel_release: &str) -> anyhow::Res
     for e in std::fs::read_dir(modules)?.flatten() {
         std::fs::copy(e.path(), dest.join(e.file_name()))?;
     }
-    let status = Command::new("depmod")
-        .args(["-b", &root.display().to_string(), kernel_release])
+    // The image's own depmod, so the index matches the image's kmod.
+    let status = Command::new("chroot")
+        .arg(root)
+        .args(["/usr/sbin/depmod", kernel_release])
         .status()
-        .context("running depmod")?;
+        .context("running depmod in the image tree")?;
     if !status.success() {
         bail!("depmod failed: {status}");
     }

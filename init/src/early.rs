@@ -101,6 +101,12 @@ pub fn link_bays(bays: &[BayPlan], console: &Console) -> Vec<String> {
             Ok(()) => linked.push(bay.clone()),
             Err(e) => console.say(&format!("cannot link {}: {e}", link.display())),
         }
+        // Partitions as udev names them (BAY01-part1): ZFS looks for its label there.
+        for (n, part) in partitions(Path::new("/sys"), dev) {
+            let link = Path::new(BAY_DIR).join(format!("{bay}-part{n}"));
+            let _ = fs::remove_file(&link);
+            let _ = std::os::unix::fs::symlink(Path::new("/dev").join(part), &link);
+        }
     }
     linked
 }
@@ -140,6 +146,21 @@ pub fn find_bays(sys: &Path, bays: &[BayPlan]) -> Vec<(String, String)> {
             out.push((bay.name.clone(), dev.clone()));
         }
     }
+    out
+}
+
+/// The partitions of a block device: (number, device name).
+pub fn partitions(sys: &Path, dev: &str) -> Vec<(u32, String)> {
+    let mut out: Vec<(u32, String)> = fs::read_dir(sys.join("block").join(dev))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = read_trim(&e.path().join("partition"))?.parse().ok()?;
+            Some((n, e.file_name().to_string_lossy().into_owned()))
+        })
+        .collect();
+    out.sort();
     out
 }
 

@@ -38,8 +38,11 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load the plan's kernel modules with their options (the `modules` service runs this).
+    /// Load the plan's kernel modules with their options and link /dev/disk/by-bay (the `modules`
+    /// service runs this).
     LoadModules,
+    /// Link /dev/disk/by-bay again (after a pool was created and its disks partitioned).
+    LinkBays,
 }
 
 fn main() -> ExitCode {
@@ -53,6 +56,17 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         Some(Command::LoadModules) => load_modules(&args.plan),
+        Some(Command::LinkBays) => match read_plan(&args.plan) {
+            Ok(plan) => {
+                let linked = early::link_bays(&plan.bays, &Console::new(false));
+                println!("{} of {} bays present", linked.len(), plan.bays.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        },
         None => supervise(args, t0),
     }
 }
@@ -92,8 +106,6 @@ fn pid1(t0: Instant) -> ! {
         }
     };
     early::set_hostname(&plan.image.hostname, &console);
-    let linked = early::link_bays(&plan.bays, &console);
-    console.say(&format!("{} of {} bays present", linked.len(), plan.bays.len()));
     let cgroups = match CgroupRoot::at(std::path::Path::new("/sys/fs/cgroup")) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -170,8 +182,8 @@ fn supervise(args: Args, t0: Instant) -> ExitCode {
     }
 }
 
-/// Loads the plan's modules, each with its options, in order. Every module is tried; the exit
-/// status says whether all loaded.
+/// Loads the plan's modules, each with its options, in order, then links the bays. Every
+/// module is tried; the exit status says whether all loaded. Empty bays are not an error.
 fn load_modules(plan: &std::path::Path) -> ExitCode {
     let plan = match read_plan(plan) {
         Ok(p) => p,
@@ -200,6 +212,30 @@ fn load_modules(plan: &std::path::Path) -> ExitCode {
             }
         }
     }
+    // The drivers are loaded: let udev see every device and finish its work, then name the bays.
+    for args in [&["trigger", "--action=add"][..], &["settle", "--timeout=30"][..]] {
+        if let Err(e) = std::process::Command::new("/usr/bin/udevadm").args(args).status() {
+            println!("udevadm {}: {e}", args.join(" "));
+        }
+    }
+    let console = Console::new(false);
+    let t = Instant::now();
+    let mut linked = Vec::new();
+    while t.elapsed() < std::time::Duration::from_secs(10) {
+        linked = early::link_bays(&plan.bays, &console);
+        if linked.len() == plan.bays.len() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let missing: Vec<&str> =
+        plan.bays.iter().map(|b| b.name.as_str()).filter(|b| !linked.iter().any(|l| l == b)).collect();
+    println!(
+        "{} of {} bays present{}",
+        linked.len(),
+        plan.bays.len(),
+        if missing.is_empty() { String::new() } else { format!("; empty: {}", missing.join(" ")) }
+    );
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {

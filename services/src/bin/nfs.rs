@@ -1,0 +1,126 @@
+//! nasos-nfs serve: writes the exports table from the plan, sets grace and lease times, starts
+//! rpc.mountd (and rpcbind and rpc.statd only for NFSv3), starts the kernel nfsd on TCP and on
+//! RDMA, checks both listeners, and reports ready. It then stays up watching mountd; on SIGTERM
+//! it stops nfsd and mountd.
+
+use std::path::Path;
+use std::process::{Child, Command, ExitCode};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nasos_board::plan::NfsPlan;
+use nasos_services::{notify_ready, plan, run, say};
+use nix::sys::signal::{SigSet, Signal};
+
+const NFSD_FS: &str = "/proc/fs/nfsd";
+
+fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() != Some("serve") {
+        eprintln!("usage: nasos-nfs serve");
+        return ExitCode::from(2);
+    }
+    match serve() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            say(format!("nfs: {e:#}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve() -> anyhow::Result<()> {
+    let plan = plan()?;
+    let Some(nfs) = plan.nfs else { bail!("the plan has no NFS server") };
+    // SIGTERM and SIGCHLD are taken synchronously below, not by default handlers.
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGCHLD);
+    set.thread_block().context("blocking signals")?;
+
+    if !Path::new(NFSD_FS).join("portlist").exists() {
+        let _ = run("modprobe", &["nfsd"]);
+        nix::mount::mount(Some("nfsd"), NFSD_FS, Some("nfsd"), nix::mount::MsFlags::empty(), None::<&str>)
+            .context("mounting the nfsd filesystem")?;
+    }
+    std::fs::write("/etc/exports", nfs.exports_table()).context("writing /etc/exports")?;
+    for e in &nfs.exports {
+        if !Path::new(&e.path).exists() {
+            bail!("export {} is not mounted at {} (is the storage service ready?)", e.dataset, e.path);
+        }
+    }
+    // Grace and lease must be set before nfsd starts; the 90 s default delays first access.
+    std::fs::write(Path::new(NFSD_FS).join("nfsv4gracetime"), nfs.grace_seconds.to_string())
+        .context("setting the grace time")?;
+    std::fs::write(Path::new(NFSD_FS).join("nfsv4leasetime"), nfs.lease_seconds.to_string())
+        .context("setting the lease time")?;
+    let mut daemons: Vec<Child> = Vec::new();
+    if nfs.rpcbind {
+        daemons.push(Command::new("rpcbind").args(["-f", "-w"]).spawn().context("starting rpcbind")?);
+        std::thread::sleep(Duration::from_millis(300));
+        daemons.push(Command::new("rpc.statd").arg("-F").spawn().context("starting rpc.statd")?);
+    }
+    let mut mountd = Command::new("rpc.mountd");
+    mountd.arg("-F");
+    if !nfs.rpcbind {
+        mountd.args(["-N", "2", "-N", "3"]);
+    }
+    daemons.push(mountd.spawn().context("starting rpc.mountd")?);
+    run("exportfs", &["-ra"])?;
+    start_nfsd(&nfs)?;
+    let ports = std::fs::read_to_string(Path::new(NFSD_FS).join("portlist")).unwrap_or_default();
+    let ports: Vec<&str> = ports.lines().collect();
+    say(format!("nfsd listening: {}", ports.join(", ")));
+    notify_ready(&format!("serving {} exports on {}", nfs.exports.len(), ports.join(", ")))?;
+
+    // Wait for SIGTERM or a daemon's death; either way, stop nfsd and leave.
+    let status = loop {
+        let sig = set.wait().context("waiting for signals")?;
+        if sig == Signal::SIGTERM {
+            break Ok(());
+        }
+        if let Some((i, s)) =
+            daemons.iter_mut().enumerate().find_map(|(i, d)| d.try_wait().ok().flatten().map(|s| (i, s)))
+        {
+            break Err(anyhow::anyhow!("daemon {i} of the NFS service exited ({s})"));
+        }
+    };
+    let _ = run("rpc.nfsd", &["0"]);
+    for d in &mut daemons {
+        let _ = d.kill();
+        let _ = d.wait();
+    }
+    say("nfsd stopped");
+    status
+}
+
+/// Starts nfsd with the planned threads and versions, then makes sure the RDMA listener is
+/// there (a restarted nfsd loses it).
+fn start_nfsd(nfs: &NfsPlan) -> anyhow::Result<()> {
+    let mut args: Vec<String> = Vec::new();
+    for v in ["3", "4.0", "4.1", "4.2"] {
+        let on = nfs.versions.iter().any(|x| x.as_str() == v);
+        // rpc.nfsd speaks "4" for 4.0.
+        let v = if v == "4.0" { "4" } else { v };
+        args.extend([if on { "-V" } else { "-N" }.to_string(), v.to_string()]);
+    }
+    args.push(nfs.threads.to_string());
+    run("rpc.nfsd", &args.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let portlist = Path::new(NFSD_FS).join("portlist");
+    if let Some(port) = nfs.rdma_port {
+        let has =
+            |p: &Path| std::fs::read_to_string(p).is_ok_and(|s| s.lines().any(|l| l.trim() == format!("rdma {port}")));
+        if !has(&portlist) {
+            std::fs::write(&portlist, format!("rdma {port}\n"))
+                .context("adding the RDMA listener (is rpcrdma loaded?)")?;
+        }
+        if !has(&portlist) {
+            bail!("nfsd has no RDMA listener on {port}");
+        }
+    }
+    let tcp = std::fs::read_to_string(&portlist)
+        .is_ok_and(|s| s.lines().any(|l| l.trim() == format!("tcp {}", nfs.tcp_port)));
+    if !tcp {
+        bail!("nfsd has no TCP listener on {}", nfs.tcp_port);
+    }
+    Ok(())
+}

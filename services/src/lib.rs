@@ -1,0 +1,45 @@
+//! What the appliance's agents share: the plan, running tools with typed arguments, and
+//! telling nasinit they are ready.
+
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use nasos_board::Plan;
+use nasos_board::plan::PLAN_PATH;
+
+pub mod storage;
+
+/// Reads the plan the image carries (or `$NASOS_PLAN`, for tests).
+pub fn plan() -> anyhow::Result<Plan> {
+    let path = std::env::var("NASOS_PLAN").unwrap_or_else(|_| PLAN_PATH.to_string());
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading the plan {path}"))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing the plan {path}"))
+}
+
+/// Runs a tool, returning its stdout; a failure carries the command line and its stderr.
+pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!("{program} {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs a tool and says whether it succeeded, for probes where failure is an answer.
+pub fn probe(program: &str, args: &[&str]) -> bool {
+    Command::new(program).args(args).output().is_ok_and(|o| o.status.success())
+}
+
+/// Sends `READY=1` (and a status) to nasinit's notify socket, as sd_notify does.
+pub fn notify_ready(status: &str) -> anyhow::Result<()> {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return Ok(()) };
+    let sock = UnixDatagram::unbound()?;
+    sock.send_to(format!("READY=1\nSTATUS={status}").as_bytes(), path).context("notifying nasinit")?;
+    Ok(())
+}
+
+/// Prints a line for the service log (nasinit captures stdout).
+pub fn say(line: impl AsRef<str>) {
+    println!("{}", line.as_ref());
+}

@@ -1,0 +1,81 @@
+//! Storage decisions that can be tested without ZFS: what a disk holds, and what to do with a
+//! pool that is not imported.
+
+/// What a probe of a member disk found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskContent {
+    Missing,
+    Blank,
+    /// Something blkid recognised: a filesystem, a partition table, another pool's label.
+    Holds(String),
+}
+
+/// Parses `blkid -p -o export` output (exit status 2, no output, means blank).
+pub fn describe_blkid(output: &str) -> Option<String> {
+    let mut kv = std::collections::BTreeMap::new();
+    for l in output.lines() {
+        if let Some((k, v)) = l.split_once('=') {
+            kv.insert(k.to_string(), v.to_string());
+        }
+    }
+    if let Some(t) = kv.get("TYPE") {
+        let label = kv.get("LABEL").map(|l| format!(" labelled {l}")).unwrap_or_default();
+        return Some(format!("a {t} signature{label}"));
+    }
+    kv.get("PTTYPE").map(|p| format!("a {p} partition table"))
+}
+
+/// Whether a pool may be created over these disks; the error names each bay and what is on it.
+pub fn may_create(pool: &str, disks: &[(String, DiskContent)]) -> Result<(), String> {
+    let problems: Vec<String> = disks
+        .iter()
+        .filter_map(|(bay, c)| match c {
+            DiskContent::Blank => None,
+            DiskContent::Missing => Some(format!("{bay} is empty (no drive found)")),
+            DiskContent::Holds(what) => Some(format!("{bay} holds {what}")),
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing to create pool {pool}: {}; nasos never wipes a disk. Clear it deliberately (wipefs -a) or set create = \"import-only\"",
+            problems.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blkid_findings_are_described() {
+        assert_eq!(
+            describe_blkid("DEVNAME=/dev/nvme0n1\nTYPE=zfs_member\nLABEL=oldpool\n"),
+            Some("a zfs_member signature labelled oldpool".into())
+        );
+        assert_eq!(
+            describe_blkid("DEVNAME=/dev/nvme0n1\nPTUUID=x\nPTTYPE=gpt\n"),
+            Some("a gpt partition table".into())
+        );
+        assert_eq!(describe_blkid(""), None);
+    }
+
+    #[test]
+    fn creation_is_refused_for_anything_but_blank_disks() {
+        let ok = vec![("BAY01".to_string(), DiskContent::Blank), ("BAY02".to_string(), DiskContent::Blank)];
+        assert!(may_create("tank", &ok).is_ok());
+        let bad = vec![
+            ("BAY01".to_string(), DiskContent::Blank),
+            ("BAY02".to_string(), DiskContent::Holds("a ext4 signature".into())),
+            ("BAY03".to_string(), DiskContent::Missing),
+        ];
+        let e = may_create("tank", &bad).expect_err("refused");
+        assert!(
+            e.contains("BAY02 holds a ext4 signature") && e.contains("BAY03 is empty") && !e.contains("BAY01"),
+            "{e}"
+        );
+        assert!(e.contains("never wipes"));
+    }
+}

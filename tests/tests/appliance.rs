@@ -1,0 +1,182 @@
+//! The bootable appliance, end to end: build the qemu-dev image (and the product image), prove a
+//! no-op rebuild does no stage work and a clean rebuild is bit-identical, boot it through OVMF and
+//! systemd-boot to nasinit's ready line, inspect it with nasctl, power it off, and show that a
+//! tampered root is refused.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nasos_qemu::{Serial, Spec, Vm};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("repo root")
+}
+
+fn target_release() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("target")).join("release")
+}
+
+/// Builds the workspace's binaries in release mode (the image carries them).
+fn build_binaries() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--workspace", "--bins", "--locked"])
+        .current_dir(repo())
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build --release failed");
+}
+
+struct Built {
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+fn nasos(args: &[&str]) -> Built {
+    let t = Instant::now();
+    let out = Command::new(target_release().join("nasos")).args(args).current_dir(repo()).output().expect("run nasos");
+    let b = Built {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: t.elapsed(),
+    };
+    assert!(out.status.success(), "nasos {} failed:\n{}", args.join(" "), b.stderr);
+    b
+}
+
+fn sha256(p: &Path) -> String {
+    let out = Command::new("sha256sum").arg(p).output().expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
+}
+
+fn board(name: &str) -> nasos_board::Board {
+    let (file, text) = nasos_board::find_board(name).expect("board");
+    nasos_board::load_board(&nasos_board::SourceFile::new(file, text)).expect("valid board").0
+}
+
+/// A throwaway qcow2 overlay over a built disk, so boots never change the build output.
+fn overlay(base: &Path, at: &Path) -> PathBuf {
+    let _ = std::fs::remove_file(at);
+    let base = base.canonicalize().expect("base");
+    let st = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(&base)
+        .arg(at)
+        .status()
+        .expect("qemu-img");
+    assert!(st.success());
+    at.to_path_buf()
+}
+
+fn boot(dir: &Path, disk: &Path, tag: &str) -> Vm {
+    let state = dir.join(format!("vm-{tag}"));
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::create_dir_all(&state).expect("state dir");
+    let spec = Spec {
+        board: board("qemu-q35"),
+        disk: disk.to_path_buf(),
+        state: state.clone(),
+        memory_mib: 2048,
+        serial: Serial::Socket(state.join("console.sock")),
+        qmp: Some(state.join("qmp.sock")),
+        links: vec![nasos_qemu::Link { port: "roce0".into(), socket: state.join("net.sock"), listen: true }],
+    };
+    Vm::start(&spec, &dir.join(format!("console-{tag}.log"))).expect("start QEMU")
+}
+
+#[test]
+fn appliance_builds_boots_serves_and_powers_off() {
+    build_binaries();
+    let dir = repo().join("build/e2e");
+    std::fs::create_dir_all(&dir).expect("e2e dir");
+    let out = dir.join("qemu-dev");
+    let out_s = out.display().to_string();
+
+    // Build; the command prints the paths it wrote.
+    let first = nasos(&["build", "recipes/qemu-dev.toml", "--out", &out_s, "--timings"]);
+    for f in ["disk.img", "disk.qcow2"] {
+        assert!(first.stdout.contains(&format!("{out_s}/{f}")), "{}", first.stdout);
+        assert!(out.join(f).exists());
+    }
+    eprintln!(
+        "cold-or-warm build: {:.1}s\n{}",
+        first.took.as_secs_f64(),
+        first.stderr.lines().filter(|l| !l.starts_with("I: ")).collect::<Vec<_>>().join("\n")
+    );
+
+    // A rebuild with nothing changed does no stage work.
+    let again = nasos(&["build", "recipes/qemu-dev.toml", "--out", &out_s, "--timings"]);
+    for stage in ["rootfs", "root", "uki", "disk"] {
+        assert!(
+            again.stderr.contains(&format!("nasos: {stage:<10} up to date")),
+            "{stage} was redone:\n{}",
+            again.stderr
+        );
+    }
+    assert!(!again.stderr.contains(" built "), "{}", again.stderr);
+    eprintln!("no-op rebuild: {:.1}s", again.took.as_secs_f64());
+
+    // A clean rebuild of every stage from the same recipe and lock gives the same bytes.
+    let clean = dir.join("qemu-dev-clean");
+    let rebuilt = nasos(&["build", "recipes/qemu-dev.toml", "--out", &clean.display().to_string(), "--rebuild"]);
+    eprintln!("clean rebuild: {:.1}s", rebuilt.took.as_secs_f64());
+    assert_eq!(sha256(&out.join("disk.img")), sha256(&clean.join("disk.img")), "two clean builds differ");
+    let _ = std::fs::remove_dir_all(&clean);
+
+    // Boot to ready, inspect, power off.
+    let disk = overlay(&out.join("disk.qcow2"), &dir.join("run.qcow2"));
+    let mut vm = boot(&dir, &disk, "dev");
+    let t0 = Instant::now();
+    let started = vm.wait_for("nasinit: started", Duration::from_secs(240)).expect("nasinit starts");
+    let ready = vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("the appliance becomes ready");
+    eprintln!("{started}\n{ready}\n(wall clock from QEMU start: {:.1}s)", t0.elapsed().as_secs_f64());
+    let secs: f64 =
+        ready.rsplit("ready in ").next().and_then(|s| s.trim().trim_end_matches('s').parse().ok()).expect("seconds");
+    assert!(secs > 0.0);
+    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    let (json, code) = vm.run("nasctl status --json", Duration::from_secs(60)).expect("nasctl status");
+    assert_eq!(code, 0, "{json}");
+    let start = json.find('{').expect("JSON in the output");
+    let status: serde_json::Value = serde_json::from_str(&json[start..]).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(status["state"], "ready", "{status}");
+    assert_eq!(status["image"], "qemu-dev");
+    assert_eq!(status["pid1"], true);
+    assert_eq!(status["services_failed"], 0);
+    assert_eq!(status["services_ready"], status["services"]);
+    let (timeline, _) = vm.run("nasctl timeline", Duration::from_secs(60)).expect("timeline");
+    eprintln!("{timeline}");
+    let (services, _) = vm.run("nasctl services", Duration::from_secs(60)).expect("services");
+    assert!(services.lines().any(|l| l.starts_with("bless") && l.contains("done")), "{services}");
+    vm.run("nasctl poweroff", Duration::from_secs(60)).ok();
+    let st = vm.wait_exit(Duration::from_secs(180)).expect("QEMU exits after poweroff");
+    assert!(st.success(), "QEMU exit status {st}");
+    drop(vm);
+
+    // A tampered root partition is refused at boot. Root-A starts after 1 MiB of GPT and the
+    // 96 MiB ESP; its first block holds the EROFS superblock, which mounting must read.
+    let tampered = overlay(&out.join("disk.qcow2"), &dir.join("tampered.qcow2"));
+    let st = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", &format!("write -P 0x5a {} 4096", 97 << 20)])
+        .arg(&tampered)
+        .output()
+        .expect("qemu-io");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let mut vm = boot(&dir, &tampered, "tampered");
+    let line =
+        vm.wait_for("ROOT FILESYSTEM VERIFICATION FAILED", Duration::from_secs(300)).expect("verity refuses the root");
+    assert!(line.contains("refusing to boot it"), "{line}");
+    vm.kill();
+
+    // The product image builds too (it is not booted here: no TS-h1290FX under QEMU).
+    let product = nasos(&[
+        "build",
+        "recipes/ts-h1290fx.toml",
+        "--out",
+        &dir.join("ts-h1290fx").display().to_string(),
+        "--timings",
+    ]);
+    assert!(product.stdout.contains("disk.img"), "{}", product.stdout);
+    eprintln!("product build: {:.1}s", product.took.as_secs_f64());
+}
