@@ -125,6 +125,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         if let Some(d) = &zfs_dir {
             zfs::install(d, &tree, &kernel_release)?;
         }
+        let (kept, removed) = root::prune_modules(&tree, &kernel_release, plan)?;
         let tree_mib = root::tree_size(&tree) >> 20;
         let nasinit = tree.join(nasos_board::plan::NASINIT_PATH.trim_start_matches('/'));
         initramfs(&tree, &kernel_release, plan, &nasinit, &initrd)?;
@@ -142,7 +143,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         {
             bail!("the root filesystem is {erofs_mib} MiB, over the recipe's budget of {budget} MiB");
         }
-        Ok(format!("tree {tree_mib} MiB → erofs {erofs_mib} MiB, initramfs {} MiB", mib(&initrd)))
+        Ok(format!("tree {tree_mib} MiB → erofs {erofs_mib} MiB ({kept} kernel modules kept, {removed} removed), initramfs {} MiB", mib(&initrd)))
     })?;
 
     // UKI.

@@ -10,6 +10,7 @@ use nasos_board::{Loaded, Report, load_recipe_file, schema};
 
 mod build;
 mod disk;
+mod flash;
 mod host;
 mod initramfs;
 mod lock;
@@ -80,6 +81,19 @@ enum Command {
         /// Guest memory in MiB.
         #[arg(long, default_value_t = 2048)]
         memory: u32,
+    },
+    /// Write a raw disk image (disk.img) to a block device and verify it by reading it back.
+    ///
+    /// Refuses partitions, devices with mounted filesystems, and the disk the running system
+    /// is on. Without --yes it only says what it would overwrite.
+    Flash {
+        /// The raw image, e.g. build/ts-h1290fx/disk.img.
+        image: PathBuf,
+        /// The whole disk to overwrite, e.g. /dev/sdb.
+        device: PathBuf,
+        /// Really overwrite the device.
+        #[arg(long)]
+        yes: bool,
     },
     /// Print the JSON Schema of recipe or board files, for editors (e.g. taplo, VS Code Even Better TOML).
     Schema {
@@ -198,6 +212,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             nasos_qemu::prepare_state(&spec)?;
             let status = nasos_qemu::command(&spec).status().context("running qemu-system-x86_64")?;
             Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Flash { image, device, yes } => {
+            let disk = flash::check_target(&device)?;
+            if !yes {
+                let size = std::fs::read_to_string(format!("/sys/block/{disk}/size"))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                let model = std::fs::read_to_string(format!("/sys/block/{disk}/device/model")).unwrap_or_default();
+                eprintln!(
+                    "nasos: this would overwrite /dev/{disk} ({} GiB{}) with {}; run again with --yes to do it",
+                    (size * 512) >> 30,
+                    if model.trim().is_empty() { String::new() } else { format!(", {}", model.trim()) },
+                    image.display()
+                );
+                return Ok(ExitCode::from(1));
+            }
+            let digest = flash::flash(&image, &device)?;
+            println!("{} written to {} and verified (sha256 {digest})", image.display(), device.display());
+            Ok(ExitCode::SUCCESS)
         }
         Command::Schema { kind } => {
             let schema = match kind {

@@ -9,6 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 use nasos_board::Plan;
+
 use nasos_board::plan::{NASINIT_PATH, PLAN_PATH};
 use nasos_board::recipe::RootLogin;
 
@@ -150,6 +151,46 @@ fn prune(tree: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Modules kept whatever the plan says: filesystems and helpers the kernel asks for by name at
+/// run time (mounting the ESP wants nls_cp437; ext4 wants crc32c), which no dependency lists.
+const ALWAYS_MODULES: &[&str] =
+    &["ext4", "vfat", "nls_cp437", "nls_ascii", "nls_iso8859_1", "nls_utf8", "overlay", "loop", "crc32c_generic"];
+/// Subtrees kept whole: small, generic, and loaded on demand by the kernel itself.
+const ALWAYS_DIRS: &[&str] = &["kernel/crypto/", "kernel/lib/", "kernel/fs/nls/", "updates/"];
+
+/// Removes every kernel module the board and plan do not need, keeping their dependencies (hard
+/// and soft), then rebuilds the module index. Returns (kept, removed).
+pub fn prune_modules(tree: &Path, kernel_release: &str, plan: &Plan) -> anyhow::Result<(usize, usize)> {
+    let mut wanted: Vec<String> =
+        plan.kernel.modules.iter().chain(plan.kernel.initramfs_modules.iter()).cloned().collect();
+    wanted.extend(ALWAYS_MODULES.iter().map(|m| m.to_string()));
+    let keep = crate::initramfs::resolve_modules(tree, kernel_release, &wanted)?;
+    let dir = tree.join("usr/lib/modules").join(kernel_release);
+    let (mut kept, mut removed) = (0, 0);
+    let mut stack = vec![dir.join("kernel")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)?.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(&dir).map(|r| r.display().to_string()).unwrap_or_default();
+            if !rel.contains(".ko") {
+                continue;
+            }
+            if keep.contains(&rel) || ALWAYS_DIRS.iter().any(|a| rel.starts_with(a)) {
+                kept += 1;
+            } else {
+                std::fs::remove_file(&p)?;
+                removed += 1;
+            }
+        }
+    }
+    run(Command::new("chroot").arg(tree).args(["/usr/sbin/depmod", kernel_release]), "depmod in the image tree")?;
+    Ok((kept, removed))
 }
 
 /// Packs the tree as EROFS with fixed timestamps and UUID.

@@ -96,12 +96,7 @@ impl Stages {
         outputs: &[&Path],
         work: impl FnOnce() -> anyhow::Result<String>,
     ) -> anyhow::Result<bool> {
-        let stamp = self.dir.join(stage);
-        let key = key.hex();
-        let t = Instant::now();
-        let fresh =
-            std::fs::read_to_string(&stamp).is_ok_and(|k| k.trim() == key) && outputs.iter().all(|o| o.exists());
-        self.finish(stage, &stamp, &key, t, fresh, work)
+        self.stage(stage, key, outputs, false, work)
     }
 
     /// Like `run`, for outputs whose paths already contain their key (the shared cache): they
@@ -113,10 +108,22 @@ impl Stages {
         outputs: &[&Path],
         work: impl FnOnce() -> anyhow::Result<String>,
     ) -> anyhow::Result<bool> {
+        self.stage(stage, key, outputs, true, work)
+    }
+
+    fn stage(
+        &mut self,
+        stage: &'static str,
+        key: &Key,
+        outputs: &[&Path],
+        keyed: bool,
+        work: impl FnOnce() -> anyhow::Result<String>,
+    ) -> anyhow::Result<bool> {
         let stamp = self.dir.join(stage);
         let key = key.hex();
         let t = Instant::now();
-        let fresh = !self.force && outputs.iter().all(|o| o.exists());
+        let recorded = keyed || std::fs::read_to_string(&stamp).is_ok_and(|k| k.trim() == key);
+        let fresh = !self.force && recorded && outputs.iter().all(|o| o.exists());
         self.finish(stage, &stamp, &key, t, fresh, work)
     }
 

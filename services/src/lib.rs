@@ -39,6 +39,23 @@ pub fn notify_ready(status: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `main` of every agent: checks the verb, runs it, reports an error on its log and in the
+/// exit status (nasinit's restart policy acts on that).
+pub fn main(name: &str, verbs: &[&str], run: impl FnOnce(&str) -> anyhow::Result<()>) -> std::process::ExitCode {
+    let verb = std::env::args().nth(1).unwrap_or_default();
+    if !verbs.contains(&verb.as_str()) {
+        eprintln!("usage: nasos-{name} {}", verbs.join("|"));
+        return std::process::ExitCode::from(2);
+    }
+    match run(&verb) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            say(format!("{name}: {e:#}"));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Prints a line for the service log (nasinit captures stdout).
 pub fn say(line: impl AsRef<str>) {
     println!("{}", line.as_ref());

@@ -179,4 +179,18 @@ fn appliance_builds_boots_serves_and_powers_off() {
     ]);
     assert!(product.stdout.contains("disk.img"), "{}", product.stdout);
     eprintln!("product build: {:.1}s", product.took.as_secs_f64());
+
+    // Changing an export redoes only the stages after the plan: the rootfs stays cached.
+    let recipe = std::fs::read_to_string(repo().join("recipes/qemu-dev.toml")).expect("recipe");
+    let changed = recipe.replace("network = \"10.77.0.0/25\"", "network = \"10.77.0.0/26\"");
+    assert_ne!(changed, recipe, "the export to change is not in qemu-dev.toml any more");
+    let copy = dir.join("qemu-dev-export.toml");
+    std::fs::write(&copy, changed).expect("write recipe");
+    std::fs::copy(repo().join("recipes/qemu-dev.toml.lock"), dir.join("qemu-dev-export.toml.lock")).expect("copy lock");
+    let redo = nasos(&["build", &copy.display().to_string(), "--out", &out_s, "--timings"]);
+    assert!(redo.stderr.contains("nasos: rootfs     up to date"), "{}", redo.stderr);
+    for stage in ["root", "uki", "disk"] {
+        assert!(redo.stderr.contains(&format!("nasos: {stage:<10} done")), "{stage} was not redone:\n{}", redo.stderr);
+    }
+    eprintln!("export change rebuild: {:.1}s", redo.took.as_secs_f64());
 }

@@ -11,19 +11,7 @@ use nasos_board::plan::{DcbMethod, LinkPlan};
 use nasos_services::{plan, run, say};
 
 fn main() -> ExitCode {
-    match std::env::args().nth(1).as_deref() {
-        Some("up") => match up() {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                say(format!("fabric: {e:#}"));
-                ExitCode::FAILURE
-            }
-        },
-        _ => {
-            eprintln!("usage: nasos-fabric up");
-            ExitCode::from(2)
-        }
-    }
+    nasos_services::main("fabric", &["up"], |_| up())
 }
 
 fn up() -> anyhow::Result<()> {

@@ -23,17 +23,7 @@ extern "C" fn on_term(_: i32) {
 nix::ioctl_readwrite!(wdioc_settimeout, b'W', 6, i32);
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() != Some("run") {
-        eprintln!("usage: nasos-health run");
-        return ExitCode::from(2);
-    }
-    match health() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            say(format!("health: {e:#}"));
-            ExitCode::FAILURE
-        }
-    }
+    nasos_services::main("health", &["run"], |_| health())
 }
 
 fn find_watchdog(identity: &str) -> Option<PathBuf> {

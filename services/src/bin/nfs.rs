@@ -15,17 +15,7 @@ use nix::sys::signal::{SigSet, Signal};
 const NFSD_FS: &str = "/proc/fs/nfsd";
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() != Some("serve") {
-        eprintln!("usage: nasos-nfs serve");
-        return ExitCode::from(2);
-    }
-    match serve() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            say(format!("nfs: {e:#}"));
-            ExitCode::FAILURE
-        }
-    }
+    nasos_services::main("nfs", &["serve"], |_| serve())
 }
 
 fn serve() -> anyhow::Result<()> {

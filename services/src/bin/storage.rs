@@ -11,21 +11,7 @@ use nasos_services::storage::{DiskContent, describe_blkid, may_create};
 use nasos_services::{plan, probe, run, say};
 
 fn main() -> ExitCode {
-    let r = match std::env::args().nth(1).as_deref() {
-        Some("up") => up(),
-        Some("export") => export(),
-        _ => {
-            eprintln!("usage: nasos-storage up|export");
-            return ExitCode::from(2);
-        }
-    };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            say(format!("storage: {e:#}"));
-            ExitCode::FAILURE
-        }
-    }
+    nasos_services::main("storage", &["up", "export"], |verb| if verb == "up" { up() } else { export() })
 }
 
 fn imported(pool: &str) -> bool {

@@ -13,17 +13,7 @@ const LOADER_GUID: &str = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f";
 const ESP_MOUNT: &str = "/run/nasos/esp";
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() != Some("bless") {
-        eprintln!("usage: nasos-upgrade bless");
-        return ExitCode::from(2);
-    }
-    match bless() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            say(format!("bless: {e:#}"));
-            ExitCode::FAILURE
-        }
-    }
+    nasos_services::main("upgrade", &["bless"], |_| bless())
 }
 
 /// The blessed name of a counted entry, or `None` if it carries no counter.
