@@ -411,6 +411,9 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     if rdma_exports {
         push("rpcrdma");
     }
+    for m in &r.kernel.modules {
+        push(m);
+    }
     let mut module_options: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     if uses_zfs {
         let mut zfs: BTreeMap<String, String> = r.zfs.tunables.clone();

@@ -15,6 +15,9 @@ pub struct Recipe {
     /// Debian packages beyond what the plan derives from the recipe.
     #[serde(default)]
     pub packages: Packages,
+    /// Kernel modules beyond what the plan derives from the recipe and board.
+    #[serde(default)]
+    pub kernel: KernelExtras,
     /// Who may log in on the serial console, and how.
     pub console: Console,
     /// Network links of the appliance.
@@ -71,6 +74,16 @@ pub struct Packages {
     /// Debian trixie package names to add to the image.
     #[serde(default)]
     pub extra: Vec<String>,
+}
+
+/// Extra kernel modules.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KernelExtras {
+    /// Modules to load at boot (and keep in the image), e.g. `["nfsv4", "rpcrdma"]` for an
+    /// NFS-over-RDMA client.
+    #[serde(default)]
+    pub modules: Vec<String>,
 }
 
 /// Console access.

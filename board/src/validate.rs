@@ -70,6 +70,15 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     let root = Path::root();
     image(&mut c, r);
     packages(&mut c, &root.key("packages").key("extra"), &r.packages.extra);
+    for (i, m) in r.kernel.modules.iter().enumerate() {
+        c.name(
+            &root.key("kernel").key("modules").index(i),
+            "module name",
+            m,
+            is_module,
+            "module names are letters, digits, `_` and `-`",
+        );
+    }
     console(&mut c, r);
     let ports = links(&mut c, r, board);
     fabric(&mut c, r, &ports);

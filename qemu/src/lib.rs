@@ -122,6 +122,8 @@ pub struct Vm {
     /// Everything the console printed, for failure reports.
     pub transcript: PathBuf,
     seen: Vec<String>,
+    /// Whether the console shell has been set up for programs (no echo, no prompt).
+    quiet: bool,
 }
 
 impl Vm {
@@ -165,7 +167,15 @@ impl Vm {
                 }
             }
         });
-        Ok(Vm { child, lines, console, qmp: spec.qmp.clone(), transcript: transcript.to_path_buf(), seen: Vec::new() })
+        Ok(Vm {
+            child,
+            lines,
+            console,
+            qmp: spec.qmp.clone(),
+            transcript: transcript.to_path_buf(),
+            seen: Vec::new(),
+            quiet: false,
+        })
     }
 
     /// Waits for a console line containing `needle`; returns it.
@@ -190,6 +200,14 @@ impl Vm {
 
     /// Runs a shell command on the console (a logged-in shell) and returns its output and status.
     pub fn run(&mut self, command: &str, timeout: Duration) -> anyhow::Result<(String, i32)> {
+        if !self.quiet {
+            // A program reads the console: no echo, no prompt, no bracketed-paste escapes, and
+            // no line wrapping of long commands.
+            let setup = "stty -echo cols 1000; bind 'set enable-bracketed-paste off' 2>/dev/null; PS1=''; echo NASOS_\"\"QUIET\n";
+            self.console.write_all(setup.as_bytes())?;
+            self.wait_for("NASOS_QUIET", timeout)?;
+            self.quiet = true;
+        }
         let tag = format!("NASOS{}", Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id()));
         // The markers are built by the shell, so the echoed command line never matches them.
         let line = format!("{command}; echo \"{tag}_\"\"END $?\"\n");
@@ -211,7 +229,8 @@ impl Vm {
                 // The terminal echoes the command line; it holds the marker in quotes, the real
                 // marker line does not.
                 let echo = format!("{tag}_\"\"END");
-                let body: Vec<String> = out.into_iter().filter(|x: &String| !x.contains(&echo)).collect();
+                let body: Vec<String> =
+                    out.into_iter().filter(|x: &String| !x.contains(&echo)).map(|x| strip_escapes(&x)).collect();
                 return Ok((body.join("\n"), status));
             }
             out.push(l);
@@ -278,5 +297,33 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Removes terminal control sequences (`ESC [ … letter`) from a console line.
+pub fn strip_escapes(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn escapes_are_stripped() {
+        assert_eq!(super::strip_escapes("\u{1b}[?2004labc\u{1b}[0m d"), "abc d");
+        assert_eq!(super::strip_escapes("plain"), "plain");
     }
 }
