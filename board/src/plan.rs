@@ -352,11 +352,21 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     let bay_device = |bay: &str| format!("{BAY_DIR}/{bay}");
     let port_of = |name: &str| b.ports.iter().find(|p| p.name == name);
 
-    let mut packages: Vec<String> =
-        ["linux-image-amd64", "kmod", "util-linux", "iproute2", "ethtool", "nvme-cli", "procps", "login", "passwd"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let mut packages: Vec<String> = [
+        "linux-image-amd64",
+        "kmod",
+        "udev",
+        "util-linux",
+        "iproute2",
+        "ethtool",
+        "nvme-cli",
+        "procps",
+        "login",
+        "passwd",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     if uses_zfs {
         packages.push("zfsutils-linux".into());
     }
