@@ -202,8 +202,8 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         )?;
         std::fs::remove_file(&data)?;
         let qtmp = crate::stage::tmp_path(&disk_qcow2);
-        root::run(
-            std::process::Command::new("qemu-img").args(["convert", "-O", "qcow2"]).arg(&tmp).arg(&qtmp),
+        crate::progress::run_tool(
+            std::process::Command::new("qemu-img").args(["convert", "-p", "-O", "qcow2"]).arg(&tmp).arg(&qtmp),
             "qemu-img convert",
         )?;
         std::fs::rename(&tmp, &disk_raw)?;

@@ -96,6 +96,8 @@ pub fn flash(image: &Path, device: &Path) -> anyhow::Result<String> {
     let mut want = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
     let mut done = 0u64;
+    let bar = crate::progress::bytes(&format!("flashing /dev/{disk}"), len);
+    let mut shown = 0;
     loop {
         let n = src.read(&mut buf)?;
         if n == 0 {
@@ -104,10 +106,18 @@ pub fn flash(image: &Path, device: &Path) -> anyhow::Result<String> {
         want.update(&buf[..n]);
         dst.write_all(&buf[..n]).with_context(|| format!("writing {} at {done}", device.display()))?;
         done += n as u64;
-        eprint!("\rnasos: flashing /dev/{disk}: {:>3}%", done * 100 / len.max(1));
+        bar.set_position(done);
+        // In a log, a line per tenth instead of a bar.
+        let tenth = done * 10 / len.max(1);
+        if bar.is_hidden() && tenth > shown {
+            shown = tenth;
+            eprintln!("nasos: flashing /dev/{disk}: {}%", tenth * 10);
+        }
     }
+    bar.set_message("syncing");
     dst.sync_all()?;
-    eprintln!();
+    bar.finish_and_clear();
+    eprintln!("nasos: wrote {} MiB to /dev/{disk}; reading it back", len >> 20);
     // Read back from the device, not from the page cache the write just filled.
     let _ = nix::fcntl::posix_fadvise(&dst, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED);
     dst.seek(SeekFrom::Start(0))?;

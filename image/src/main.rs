@@ -14,6 +14,7 @@ mod flash;
 mod host;
 mod initramfs;
 mod lock;
+mod progress;
 mod root;
 mod rootfs;
 mod stage;

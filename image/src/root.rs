@@ -318,6 +318,7 @@ fn write(tree: &Path, dest: &str, bytes: &[u8], mode: u32) -> anyhow::Result<()>
 }
 
 pub fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    crate::progress::status(what);
     let out = cmd.output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
         bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 use crate::lock::{Lock, LockedPackage};
 use crate::stage::sha256_file;
@@ -94,10 +94,7 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
         .env("SOURCE_DATE_EPOCH", epoch.to_string())
         // The kernel's postinst must not build an initramfs: nasos makes its own.
         .env("INITRD", "No");
-    let status = cmd.status().context("running mmdebstrap")?;
-    if !status.success() {
-        bail!("mmdebstrap failed ({status}); its output is above");
-    }
+    crate::progress::run_tool(&mut cmd, "mmdebstrap")?;
     // Move every .deb into the content-addressed cache and index it by apt's file name.
     let mut by_name: HashMap<String, String> = HashMap::new();
     for e in std::fs::read_dir(&archives)?.flatten() {

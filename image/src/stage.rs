@@ -143,15 +143,21 @@ impl Stages {
         }
         // The old stamp goes first: an interrupted stage must not look done next time.
         let _ = std::fs::remove_file(stamp);
-        eprintln!("nasos: {stage:<10} ...");
-        let note = work().with_context(|| format!("stage {stage}"))?;
+        crate::progress::begin(stage);
+        let note = match work().with_context(|| format!("stage {stage}")) {
+            Ok(note) => note,
+            Err(e) => {
+                crate::progress::finish(&format!("nasos: {stage:<10} failed after {:.1}s", t.elapsed().as_secs_f64()));
+                return Err(e);
+            }
+        };
         write_atomic(stamp, key.as_bytes())?;
         let took = t.elapsed();
-        eprintln!(
+        crate::progress::finish(&format!(
             "nasos: {stage:<10} done in {:.1}s{}",
             took.as_secs_f64(),
             if note.is_empty() { String::new() } else { format!(" ({note})") }
-        );
+        ));
         self.timings.push(Timing { stage, took, cached: false, note });
         Ok(true)
     }

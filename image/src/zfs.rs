@@ -50,8 +50,8 @@ pub fn ensure(cache: &Cache, v: &Versions, epoch: u64) -> anyhow::Result<(PathBu
     let dkms = format!("zfs-dkms={}", v.zfs_version);
     let q = shell_quote(&tmp.display().to_string());
     let kr = &v.kernel_release;
-    let status = Command::new("mmdebstrap")
-        .arg("--variant=buildd")
+    let mut cmd = Command::new("mmdebstrap");
+    cmd.arg("--variant=buildd")
         .arg(format!("--include={headers},{dkms}"))
         .arg("--components=main,contrib")
         .arg("--aptopt=APT::Install-Recommends \"false\"")
@@ -64,12 +64,8 @@ pub fn ensure(cache: &Cache, v: &Versions, epoch: u64) -> anyhow::Result<(PathBu
         .arg("/dev/null")
         .arg(SOURCE)
         .env("INITRD", "No")
-        .env("SOURCE_DATE_EPOCH", epoch.to_string())
-        .status()
-        .context("running mmdebstrap for the ZFS build root")?;
-    if !status.success() {
-        bail!("building the ZFS module failed ({status}); the DKMS output is above");
-    }
+        .env("SOURCE_DATE_EPOCH", epoch.to_string());
+    crate::progress::run_tool(&mut cmd, "the ZFS build root (mmdebstrap + DKMS)")?;
     if !tmp.join("zfs.ko.xz").exists() && !tmp.join("zfs.ko").exists() {
         bail!("DKMS finished but no zfs module was produced for {kr}");
     }
