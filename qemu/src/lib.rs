@@ -237,6 +237,18 @@ impl Vm {
         }
     }
 
+    /// Types a line on the console without waiting for anything (for commands that do not come
+    /// back, such as a reboot).
+    pub fn send_line(&mut self, line: &str) -> anyhow::Result<()> {
+        self.console.write_all(format!("{line}\n").as_bytes())?;
+        Ok(())
+    }
+
+    /// After a reboot the console has a fresh login shell, which `run` must set up again.
+    pub fn expect_new_shell(&mut self) {
+        self.quiet = false;
+    }
+
     /// Sends one QMP command (after the capabilities handshake) and returns its `return` value.
     pub fn qmp(&self, execute: &str, arguments: serde_json::Value) -> anyhow::Result<serde_json::Value> {
         let path = self.qmp.as_ref().context("this VM has no QMP socket")?;

@@ -8,6 +8,9 @@ use anyhow::{Context, bail};
 use nasos_board::Plan;
 use nasos_board::plan::PLAN_PATH;
 
+pub mod inspect;
+pub mod nfsd;
+pub mod rdma;
 pub mod storage;
 
 /// Reads the plan the image carries (or `$NASOS_PLAN`, for tests).

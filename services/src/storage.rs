@@ -45,9 +45,22 @@ pub fn may_create(pool: &str, disks: &[(String, DiskContent)]) -> Result<(), Str
     }
 }
 
+/// The pool names `zpool import -d DIR` (without a name) lists as importable.
+pub fn importable_names(scan: &str) -> Vec<String> {
+    scan.lines().filter_map(|l| l.trim().strip_prefix("pool: ")).map(|n| n.trim().to_string()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn importable_pools_are_found_in_zpools_scan() {
+        // As zpool 2.3.9 printed it for a pool last used by another host.
+        let scan = "  pool: tank\n    id: 644726112428041454\n state: ONLINE\nstatus: The pool was last accessed by another system.\n\n\ttank                   ONLINE\n\t  raidz2-0             ONLINE\n   pool: old\n";
+        assert_eq!(importable_names(scan), vec!["tank".to_string(), "old".to_string()]);
+        assert!(importable_names("no pools available to import\n").is_empty());
+    }
 
     #[test]
     fn blkid_findings_are_described() {

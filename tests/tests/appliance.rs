@@ -1,7 +1,7 @@
 //! The bootable appliance, end to end: build the qemu-dev image (and the product image), prove a
 //! no-op rebuild does no stage work and a clean rebuild is bit-identical, boot it through OVMF and
-//! systemd-boot to nasinit's ready line, inspect it with nasctl, power it off, and show that a
-//! tampered root is refused.
+//! systemd-boot to nasinit's ready line, inspect it with nasctl, power it off, show that a bay
+//! holding a foreign filesystem is refused untouched, and that a tampered root is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -71,9 +71,15 @@ fn overlay(base: &Path, at: &Path) -> PathBuf {
 }
 
 fn boot(dir: &Path, disk: &Path, tag: &str) -> Vm {
+    boot_with(dir, disk, tag, |_| {})
+}
+
+/// Boots with a fresh state directory that `prepare` may seed (bays) before QEMU starts.
+fn boot_with(dir: &Path, disk: &Path, tag: &str, prepare: impl FnOnce(&Path)) -> Vm {
     let state = dir.join(format!("vm-{tag}"));
     let _ = std::fs::remove_dir_all(&state);
     std::fs::create_dir_all(&state).expect("state dir");
+    prepare(&state);
     let spec = Spec {
         board: board("qemu-q35"),
         disk: disk.to_path_buf(),
@@ -153,6 +159,56 @@ fn appliance_builds_boots_serves_and_powers_off() {
     let st = vm.wait_exit(Duration::from_secs(180)).expect("QEMU exits after poweroff");
     assert!(st.success(), "QEMU exit status {st}");
     drop(vm);
+
+    // A bay holding another system's filesystem is named, refused, and left exactly as it was.
+    let foreign = dir.join("foreign-bay07.raw");
+    let _ = std::fs::remove_file(&foreign);
+    let st = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "raw"])
+        .arg(&foreign)
+        .arg(nasos_qemu::BAY_SIZE)
+        .status()
+        .expect("qemu-img");
+    assert!(st.success());
+    let st =
+        Command::new("mkfs.ext4").args(["-q", "-F", "-L", "oldbox-data"]).arg(&foreign).status().expect("mkfs.ext4");
+    assert!(st.success());
+    let mut vm = boot_with(&dir, &overlay(&out.join("disk.qcow2"), &dir.join("foreign.qcow2")), "foreign", |state| {
+        let st = Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(&foreign)
+            .arg(state.join("bay07.qcow2"))
+            .status()
+            .expect("qemu-img convert");
+        assert!(st.success());
+    });
+    vm.wait_for("nasinit: started", Duration::from_secs(240)).expect("nasinit starts");
+    vm.wait_for("login: root (automatic login)", Duration::from_secs(240)).ok();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let refusal = loop {
+        let (log, _) = vm.run("nasctl logs storage", Duration::from_secs(60)).expect("storage log");
+        if let Some(l) = log.lines().find(|l| l.contains("refusing to create pool tank")) {
+            break l.to_string();
+        }
+        assert!(Instant::now() < deadline, "storage never refused the foreign bay:\n{log}");
+        std::thread::sleep(Duration::from_secs(5));
+    };
+    assert!(refusal.contains("BAY07 holds a ext4 signature labelled oldbox-data"), "{refusal}");
+    assert!(!refusal.contains("BAY06") && !refusal.contains("BAY08"), "blank bays named: {refusal}");
+    let (json, _) = vm.run("nasctl status --json", Duration::from_secs(60)).expect("status");
+    let status: serde_json::Value = serde_json::from_str(&json[json.find('{').expect("JSON")..]).expect("status JSON");
+    assert_ne!(status["state"], "ready", "ready without its pool: {status}");
+    let (pools, _) = vm.run("zpool list -H -o name", Duration::from_secs(60)).expect("zpool list");
+    assert!(!pools.contains("tank"), "a pool was created: {pools}");
+    vm.kill();
+    let same = Command::new("qemu-img")
+        .args(["compare", "-q", "-f", "raw", "-F", "qcow2"])
+        .arg(&foreign)
+        .arg(dir.join("vm-foreign/bay07.qcow2"))
+        .status()
+        .expect("qemu-img compare");
+    assert!(same.success(), "the foreign disk in BAY07 was changed");
+    let _ = std::fs::remove_file(&foreign);
 
     // A tampered root partition is refused at boot. Root-A starts after 1 MiB of GPT and the
     // 96 MiB ESP; its first block holds the EROFS superblock, which mounting must read.

@@ -1,7 +1,10 @@
 //! The data path between two VMs on one private QEMU network: the qemu-dev appliance and a
-//! stand-in GPU node built from qemu-client.toml. The client mounts one export over RDMA
-//! (soft-RoCE) and one over TCP, writes, drops its caches, reads back and compares sha256;
-//! root_squash holds.
+//! stand-in GPU node built from qemu-client.toml (at 10.77.0.130). The appliance's nasctl shows
+//! its pools, exports and fabric; the client is refused an export whose networks leave it out,
+//! mounts the training export over RDMA (soft-RoCE) and over TCP, writes, drops its caches,
+//! reads back and compares sha256; root_squash holds. nfsd restarted by hand gets its RDMA
+//! listener back. The appliance reboots: the pool is imported, not recreated, and the client
+//! finds its data again.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -95,40 +98,132 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("appliance ready");
     gpu.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("client ready");
 
-    // A directory a non-root user owns, on each export (root is squashed on both).
-    ok(&mut nas, "install -d -o 1000 -g 1000 /export/tank/train/job /export/tank/scratch/job");
+    // What runs, as nasctl shows it.
+    let pools = json(&ok(&mut nas, "nasctl pools --json"));
+    let tank = &pools[0];
+    assert_eq!(tank["name"], "tank");
+    assert_eq!(tank["state"], "ONLINE");
+    let bays: Vec<&str> =
+        tank["members"].as_array().expect("members").iter().filter_map(|m| m["disk"].as_str()).collect();
+    assert_eq!(bays, (1..=12).map(|i| format!("BAY{i:02}")).collect::<Vec<_>>(), "{tank}");
+    assert!(tank["guid"].as_u64().is_some_and(|g| g > 0), "{tank}");
+    let train = tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/train").cloned();
+    assert_eq!(train.as_ref().map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
+    let exports = json(&ok(&mut nas, "nasctl exports --json"));
+    let listeners = exports["listeners"].to_string();
+    assert!(listeners.contains("\"rdma\"") && listeners.contains("20049") && listeners.contains("2049"), "{exports}");
+    assert!(exports["threads"].as_u64().is_some_and(|t| t > 0), "{exports}");
+    let train_export = exports["exports"]
+        .as_array()
+        .expect("exports")
+        .iter()
+        .find(|e| e["path"] == "/export/tank/train")
+        .cloned()
+        .unwrap_or_else(|| panic!("train not exported: {exports}"));
+    assert_eq!(train_export["client"], "10.77.0.0/24");
+    assert!(train_export["options"].to_string().contains("root_squash"), "{train_export}");
+    let fabric = json(&ok(&mut nas, "nasctl fabric --json"));
+    let data0 = &fabric[0];
+    assert_eq!(data0["link"], "data0");
+    assert_eq!(data0["mtu"], 9000);
+    let port = &data0["rdma"][0];
+    assert!(port["state"].as_str().is_some_and(|s| s.contains("ACTIVE")), "{data0}");
+    assert!(port["gids"].to_string().contains("0000:0000:0000:0000:0000:ffff:0a4d:0001"), "no RoCE v2 GID: {data0}");
+    assert_eq!(data0["dcb"]["state"], "not-supported", "{data0}");
+
+    // An export whose networks leave the client out refuses it: scratch is for 10.77.0.0/25.
+    let (out, code) = gpu
+        .run(
+            "mkdir -p /tmp/mnt-x && mount -t nfs -o vers=4.2,proto=tcp,soft,timeo=50,retrans=2 10.77.0.1:/export/tank/scratch /tmp/mnt-x",
+            Duration::from_secs(300),
+        )
+        .expect("mount attempt");
+    assert_ne!(code, 0, "10.77.0.130 mounted an export for 10.77.0.0/25: {out}");
+    eprintln!("refused mount: {out}");
+    assert!(out.contains("access denied") || out.contains("Permission denied"), "{out}");
+
+    // A directory a non-root user owns (root is squashed).
+    ok(&mut nas, "install -d -o 1000 -g 1000 /export/tank/train/job");
 
     // One transport at a time: an NFSv4.1+ client trunks a second mount of the same server onto
     // the transport it already has, so a TCP mount beside an RDMA one would ride RDMA too.
-    for (m, export, opts) in
-        [("rdma", "train", "vers=4.2,proto=rdma,port=20049"), ("tcp", "scratch", "vers=4.2,proto=tcp")]
-    {
+    let mut written = Vec::new();
+    for m in ["rdma", "tcp"] {
         let dir = format!("/tmp/mnt-{m}");
-        ok(&mut gpu, &format!("mkdir -p {dir} && mount -t nfs -o {opts} 10.77.0.1:/export/tank/{export} {dir}"));
-        let mount = ok(&mut gpu, &format!("grep ' {dir} ' /proc/mounts"));
-        assert!(mount.contains(&format!("proto={m}")), "{m}: {mount}");
-        let xprt = ok(
-            &mut gpu,
-            &format!(
-                "awk -v d='mounted on {dir} ' 'index($0, d) {{f=1}} f && /xprt:/ {{print; exit}}' /proc/self/mountstats"
-            ),
-        );
-        assert!(xprt.contains(&format!("xprt:\t{m}")) || xprt.contains(&format!("xprt: {m}")), "{m}: {xprt}");
-
+        mount(&mut gpu, m, &dir);
+        let blob = format!("{dir}/job/blob-{m}");
         let as_user = "setpriv --reuid=1000 --regid=1000 --clear-groups";
-        ok(&mut gpu, &format!("{as_user} dd if=/dev/urandom of={dir}/job/blob bs=1M count=16 status=none"));
-        let local = digest(&ok(&mut gpu, &format!("sync; sha256sum < {dir}/job/blob")));
+        ok(&mut gpu, &format!("{as_user} dd if=/dev/urandom of={blob} bs=1M count=16 status=none"));
+        let local = digest(&ok(&mut gpu, &format!("sync; sha256sum < {blob}")));
         ok(&mut gpu, "sync; echo 3 > /proc/sys/vm/drop_caches");
-        let again = digest(&ok(&mut gpu, &format!("sha256sum < {dir}/job/blob")));
+        let again = digest(&ok(&mut gpu, &format!("sha256sum < {blob}")));
         assert_eq!(local, again, "{m}: the data read back differs");
-        let there = digest(&ok(&mut nas, &format!("sha256sum < /export/tank/{export}/job/blob")));
+        let there = digest(&ok(&mut nas, &format!("sha256sum < /export/tank/train/job/blob-{m}")));
         assert_eq!(local, there, "{m}: the appliance holds different bytes");
         // root_squash: root on the client cannot write as root.
         let (out, code) = gpu.run(&format!("touch {dir}/rootfile"), Duration::from_secs(120)).expect("touch");
         assert_ne!(code, 0, "root wrote through root_squash on {m}: {out}");
         assert!(out.contains("Permission denied"), "{out}");
         ok(&mut gpu, &format!("umount {dir}"));
+        written.push((format!("blob-{m}"), local));
     }
+
+    // nfsd restarted behind the service's back comes up with TCP only; the RDMA listener is
+    // put back, and an RDMA client reads again.
+    ok(&mut nas, "echo 0 > /proc/fs/nfsd/threads; echo 8 > /proc/fs/nfsd/threads");
+    let mut portlist = String::new();
+    for _ in 0..30 {
+        portlist = ok(&mut nas, "cat /proc/fs/nfsd/portlist");
+        if portlist.contains("rdma 20049") {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(portlist.contains("rdma 20049"), "the RDMA listener was not re-added: {portlist}");
+    let log = ok(&mut nas, "nasctl logs nfs");
+    assert!(log.contains("re-added rdma 20049"), "{log}");
+    mount(&mut gpu, "rdma", "/tmp/mnt-rdma");
+    assert_eq!(digest(&ok(&mut gpu, "sha256sum < /tmp/mnt-rdma/job/blob-rdma")), written[0].1);
+    ok(&mut gpu, "umount /tmp/mnt-rdma");
+
+    // The appliance reboots: its pool is imported from the bays, not created again, and the
+    // client reads what it wrote before.
+    nas.send_line("nasctl reboot").expect("reboot");
+    nas.expect_new_shell();
+    let t = std::time::Instant::now();
+    nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
+    nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready again after reboot");
+    eprintln!("reboot to ready: {:.1}s", t.elapsed().as_secs_f64());
+    nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    let log = ok(&mut nas, "nasctl logs storage");
+    assert!(log.contains("tank: imported from its bays"), "{log}");
+    assert!(!log.contains("created"), "something was created on reboot: {log}");
+    mount(&mut gpu, "tcp", "/tmp/mnt-tcp");
+    for (name, sum) in &written {
+        assert_eq!(&digest(&ok(&mut gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after reboot");
+    }
+    ok(&mut gpu, "umount /tmp/mnt-tcp");
     gpu.kill();
     nas.kill();
+}
+
+/// Mounts the training export over one transport and proves which one it rides.
+fn mount(gpu: &mut Vm, m: &str, dir: &str) {
+    let opts = if m == "rdma" { "vers=4.2,proto=rdma,port=20049" } else { "vers=4.2,proto=tcp" };
+    ok(gpu, &format!("mkdir -p {dir} && mount -t nfs -o {opts} 10.77.0.1:/export/tank/train {dir}"));
+    let mount = ok(gpu, &format!("grep ' {dir} ' /proc/mounts"));
+    assert!(mount.contains(&format!("proto={m}")), "{m}: {mount}");
+    let xprt = ok(
+        gpu,
+        &format!(
+            "awk -v d='mounted on {dir} ' 'index($0, d) {{f=1}} f && /xprt:/ {{print; exit}}' /proc/self/mountstats"
+        ),
+    );
+    assert!(xprt.contains(&format!("xprt:\t{m}")) || xprt.contains(&format!("xprt: {m}")), "{m}: {xprt}");
+}
+
+/// The JSON a command printed (after anything the console added before it).
+fn json(out: &str) -> serde_json::Value {
+    let start = out.find(['{', '[']).unwrap_or_else(|| panic!("no JSON in {out:?}"));
+    serde_json::from_str(&out[start..]).unwrap_or_else(|e| panic!("{e}: {out}"))
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use nasos_init::api::{self, Client, ServiceInfo};
+use nasos_services::inspect;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -45,6 +46,12 @@ enum Command {
     Restart { name: String },
     /// When each service started and became ready.
     Timeline,
+    /// ZFS pools: health, space, each member by bay, datasets.
+    Pools,
+    /// What the NFS server exports now, its listeners and threads.
+    Exports,
+    /// Fabric links: state, addresses, RDMA ports and RoCE v2 GIDs, DCB as the NIC runs it.
+    Fabric,
     /// Stop all services and reboot.
     Reboot,
     /// Stop all services and power off.
@@ -81,8 +88,15 @@ fn secs(ms: i64) -> String {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let client = Client::connect(&args.socket).await?;
     let json = args.json;
+    // These read the running system directly; they work even when nasinit's socket does not.
+    match args.command {
+        Command::Pools => return show_pools(json),
+        Command::Exports => return show_exports(json),
+        Command::Fabric => return show_fabric(json),
+        _ => {}
+    }
+    let client = Client::connect(&args.socket).await?;
     match args.command {
         Command::Status => {
             let s = client.status().await?;
@@ -148,6 +162,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             println!("{:<12} {:>9} {:>9}", "appliance", "", secs(s.ready_ms));
         }
+        // Answered above, before connecting.
+        Command::Pools | Command::Exports | Command::Fabric => {}
         Command::Reboot => client.shutdown("reboot").await?,
         Command::Poweroff => client.shutdown("poweroff").await?,
         Command::Halt => client.shutdown("halt").await?,
@@ -173,4 +189,84 @@ fn print_services(list: &[ServiceInfo]) {
             s.detail
         );
     }
+}
+
+fn gib(bytes: Option<u64>) -> String {
+    bytes.map(|b| format!("{:.1}G", b as f64 / (1u64 << 30) as f64)).unwrap_or_else(|| "-".into())
+}
+
+fn show_pools(json: bool) -> anyhow::Result<()> {
+    let pools = inspect::pools()?;
+    if json {
+        return print(&pools);
+    }
+    if pools.is_empty() {
+        println!("no pools imported");
+    }
+    for p in &pools {
+        println!(
+            "{}  {}  size {}  used {}  free {}  errors {}",
+            p.name,
+            p.state,
+            gib(p.size),
+            gib(p.allocated),
+            gib(p.free),
+            p.errors
+        );
+        for m in &p.members {
+            println!("  {:<8} {:<10} {:<8} errors {}", m.disk, m.group, m.state, m.errors);
+        }
+        for d in &p.datasets {
+            println!(
+                "  {:<24} used {:>7}  avail {:>7}  quota {:>7}  {}{}",
+                d.name,
+                gib(d.used),
+                gib(d.available),
+                if d.quota.unwrap_or(0) == 0 { "none".to_string() } else { gib(d.quota) },
+                d.mountpoint,
+                if d.mounted { "" } else { " (not mounted)" }
+            );
+        }
+    }
+    Ok(())
+}
+
+fn show_exports(json: bool) -> anyhow::Result<()> {
+    let s = inspect::exports();
+    if json {
+        return print(&s);
+    }
+    let listeners: Vec<String> = s.listeners.iter().map(|l| format!("{} {}", l.transport, l.port)).collect();
+    println!(
+        "nfsd  {} threads, listening on {}",
+        s.threads,
+        if listeners.is_empty() { "nothing".to_string() } else { listeners.join(", ") }
+    );
+    for e in &s.exports {
+        println!("  {:<28} {:<18} {}", e.path, e.client, e.options.join(","));
+    }
+    Ok(())
+}
+
+fn show_fabric(json: bool) -> anyhow::Result<()> {
+    let links = inspect::fabric()?;
+    if json {
+        return print(&links);
+    }
+    for l in &links {
+        println!("{}  {}  mtu {}  {}", l.link, l.operstate, l.mtu, l.addresses.join(" "));
+        for p in &l.rdma {
+            let v2: Vec<String> =
+                p.gids.iter().filter(|g| g.kind == "RoCE v2").map(|g| format!("[{}] {}", g.index, g.gid)).collect();
+            println!("  rdma {}/{}  {}  {}  RoCE v2 GIDs: {}", p.device, p.port, p.state, p.link_layer, v2.join(", "));
+        }
+        match &l.dcb {
+            inspect::DcbView::Applied { pfc_enabled, ets_bandwidth, dscp } => {
+                println!("  dcb  PFC on {:?}  ETS {:?}  DSCP→prio {:?}", pfc_enabled, ets_bandwidth, dscp)
+            }
+            inspect::DcbView::NotSupported => println!("  dcb  not supported by this NIC (RoCE runs lossy)"),
+            inspect::DcbView::Error { message } => println!("  dcb  error: {message}"),
+        }
+    }
+    Ok(())
 }

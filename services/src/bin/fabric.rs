@@ -1,14 +1,16 @@
 //! nasos-fabric up: brings the plan's links up (found by MAC or PCI address, renamed to their
 //! link name) with MTU, addresses and VLANs, makes RoCE v2 available on the fabric links
-//! (a soft-RoCE device on the twin board), and reports DCB where it cannot be applied.
+//! (a soft-RoCE device on the twin board) and checks its port is active with a RoCE v2 GID for
+//! the link's address, then applies PFC, ETS and the DSCP APP table through dcbnl, reading them
+//! back. Where the NIC has no dcbnl it says so plainly, and fails only if the recipe requires PFC.
 //! Idempotent: running it twice changes nothing.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use nasos_board::plan::{DcbMethod, LinkPlan};
-use nasos_services::{plan, run, say};
+use nasos_board::plan::{FabricPlan, LinkPlan};
+use nasos_services::{plan, rdma, run, say};
 
 fn main() -> ExitCode {
     nasos_services::main("fabric", &["up"], |_| up())
@@ -28,23 +30,79 @@ fn up() -> anyhow::Result<()> {
                 run("rdma", &["link", "add", rxe, "type", "rxe", "netdev", &fl.link])
                     .context("creating the soft-RoCE device")?;
             }
-            wait_active(rxe)?;
-            say(format!("{}: RoCE v2 on {rxe} (soft-RoCE), port active", fl.link));
         }
-        match fl.dcb {
-            DcbMethod::Dcbnl => {
-                say(format!("{}: DCB (PFC on priority {}) is configured by dcbnl", fl.link, fabric.lossless_priority))
+        let link = plan.links.iter().find(|l| l.name == fl.link);
+        check_roce(&fl.link, link.map(|l| l.addresses.as_slice()).unwrap_or_default())?;
+        apply_dcb(&fl.link, fabric)?;
+    }
+    Ok(())
+}
+
+/// Waits for the link's RDMA port to be ACTIVE with a RoCE v2 GID for each IPv4 address: what
+/// a client's RDMA CM resolves to. The GID table fills in shortly after addresses are set.
+fn check_roce(link: &str, addresses: &[String]) -> anyhow::Result<()> {
+    let want: Vec<std::net::Ipv4Addr> =
+        addresses.iter().filter_map(|a| a.split('/').next().and_then(|ip| ip.parse().ok())).collect();
+    let mut last = None;
+    for _ in 0..100 {
+        let ports = rdma::ports_on(link);
+        if let Some(p) = ports.iter().find(|p| p.active() && want.iter().all(|a| p.roce_v2_gid_for(*a).is_some())) {
+            let gids: Vec<String> =
+                want.iter().filter_map(|a| p.roce_v2_gid_for(*a).map(|g| format!("{a} at GID {}", g.index))).collect();
+            say(format!(
+                "{link}: RoCE v2 on {}/{} ({}), port active, {}",
+                p.device,
+                p.port,
+                p.link_layer,
+                if gids.is_empty() { "no IPv4 address".to_string() } else { gids.join(", ") }
+            ));
+            return Ok(());
+        }
+        last = ports.into_iter().next();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    match last {
+        None => bail!("{link}: no RDMA device is bound to this link (is its RDMA driver loaded?)"),
+        Some(p) if !p.active() => bail!("{link}: RDMA port {}/{} is {}, not ACTIVE", p.device, p.port, p.state),
+        Some(p) => bail!(
+            "{link}: RDMA port {}/{} has no RoCE v2 GID for {}; GIDs: {}",
+            p.device,
+            p.port,
+            want.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+            p.gids.iter().map(|g| format!("{} {} ({})", g.index, g.gid, g.kind)).collect::<Vec<_>>().join("; ")
+        ),
+    }
+}
+
+/// PFC on the lossless priority, ETS shares and the DSCP APP table through dcbnl.
+fn apply_dcb(link: &str, fabric: &FabricPlan) -> anyhow::Result<()> {
+    let desired = nasos_dcbnl::Desired {
+        lossless_priority: fabric.lossless_priority,
+        ets_bandwidth: fabric.ets_bandwidth,
+        dscp: fabric.dscp.iter().map(|d| (d.dscp, d.priority)).collect(),
+    };
+    let result = nasos_dcbnl::Socket::open().and_then(|mut s| s.apply(link, &desired));
+    match result {
+        Ok(report) if report.changed() => {
+            say(format!("{link}: DCB applied and read back: {}", report.dcb_commands(link).join("; ")))
+        }
+        Ok(_) => say(format!("{link}: DCB already as planned (PFC on priority {})", fabric.lossless_priority)),
+        Err(nasos_dcbnl::Error::NotSupported) => {
+            let msg = format!(
+                "{link}: PFC/ETS/DSCP not applied: this NIC does not implement DCB (dcbnl answered \
+                 \"not supported\"); RoCE runs lossy on this link"
+            );
+            if fabric.pfc_required {
+                bail!("{msg}, and the recipe requires PFC");
             }
-            DcbMethod::Unsupported => {
-                let msg = format!(
-                    "{}: PFC/ETS/DSCP not applied: this NIC does not implement DCB (dcbnl); RoCE runs lossy on this link",
-                    fl.link
-                );
-                if fabric.pfc_required {
-                    bail!("{msg}, and the recipe requires PFC");
-                }
-                say(msg);
+            say(msg);
+        }
+        Err(e) => {
+            let msg = format!("{link}: applying DCB through dcbnl failed: {e}");
+            if fabric.pfc_required {
+                bail!(msg);
             }
+            say(msg);
         }
     }
     Ok(())
@@ -89,15 +147,4 @@ fn find_interface(link: &LinkPlan) -> Option<String> {
         }
     }
     None
-}
-
-fn wait_active(dev: &str) -> anyhow::Result<()> {
-    let state = Path::new("/sys/class/infiniband").join(dev).join("ports/1/state");
-    for _ in 0..100 {
-        if std::fs::read_to_string(&state).is_ok_and(|s| s.contains("ACTIVE")) {
-            return Ok(());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    bail!("RDMA port {dev}/1 did not become ACTIVE")
 }

@@ -1,18 +1,27 @@
 //! nasos-nfs serve: writes the exports table from the plan, sets grace and lease times, starts
 //! rpc.mountd (and rpcbind and rpc.statd only for NFSv3), starts the kernel nfsd on TCP and on
-//! RDMA, checks both listeners, and reports ready. It then stays up watching mountd; on SIGTERM
-//! it stops nfsd and mountd.
+//! RDMA, checks both listeners, and reports ready. It then stays up watching mountd and nfsd:
+//! a restarted nfsd comes back with TCP only (the kernel makes its default sockets), so the
+//! RDMA listener is re-added whenever it is missing while nfsd runs. On SIGTERM it stops nfsd
+//! and mountd.
 
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use nasos_board::plan::NfsPlan;
+use nasos_services::nfsd::{self, NFSD_FS, has_listener};
 use nasos_services::{notify_ready, plan, run, say};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-const NFSD_FS: &str = "/proc/fs/nfsd";
+/// How often the listeners are checked. A restarted nfsd serves TCP at once; RDMA clients
+/// reconnect within their retry interval, so two seconds without the RDMA listener is the
+/// longest they wait, and a portlist read every two seconds costs nothing.
+const WATCH_MS: u16 = 2000;
 
 fn main() -> ExitCode {
     nasos_services::main("nfs", &["serve"], |_| serve())
@@ -62,10 +71,22 @@ fn serve() -> anyhow::Result<()> {
     say(format!("nfsd listening: {}", ports.join(", ")));
     notify_ready(&format!("serving {} exports on {}", nfs.exports.len(), ports.join(", ")))?;
 
-    // Wait for SIGTERM or a daemon's death; either way, stop nfsd and leave.
+    // Wait for SIGTERM or a daemon's death, checking the listeners in between.
+    let signals = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC).context("opening a signalfd")?;
+    let mut stopped_said = false;
     let status = loop {
-        let sig = set.wait().context("waiting for signals")?;
-        if sig == Signal::SIGTERM {
+        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(WATCH_MS)) {
+            Ok(0) => {
+                watch_listeners(&nfs, &mut stopped_said);
+                continue;
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => break Err(anyhow::anyhow!("waiting for signals: {e}")),
+        }
+        let Ok(Some(info)) = signals.read_signal() else { continue };
+        if info.ssi_signo == Signal::SIGTERM as u32 {
             break Ok(());
         }
         if let Some((i, s)) =
@@ -83,6 +104,30 @@ fn serve() -> anyhow::Result<()> {
     status
 }
 
+/// Puts the RDMA listener back when nfsd was restarted without it; says once when nfsd was
+/// stopped by hand (it is not restarted behind an operator's back).
+fn watch_listeners(nfs: &NfsPlan, stopped_said: &mut bool) {
+    let Some(port) = nfs.rdma_port else { return };
+    if nfsd::threads() == 0 {
+        if !*stopped_said {
+            say("nfsd has no threads: it was stopped outside nasos; clients wait until it runs again");
+            *stopped_said = true;
+        }
+        return;
+    }
+    *stopped_said = false;
+    if has_listener(&nfsd::listeners(), "rdma", port) {
+        return;
+    }
+    match std::fs::write(Path::new(NFSD_FS).join("portlist"), format!("rdma {port}\n")) {
+        Ok(()) if has_listener(&nfsd::listeners(), "rdma", port) => {
+            say(format!("nfsd was restarted without its RDMA listener: re-added rdma {port}"))
+        }
+        Ok(()) => say(format!("nfsd lost its RDMA listener and re-adding rdma {port} did not take")),
+        Err(e) => say(format!("nfsd lost its RDMA listener; re-adding rdma {port} failed: {e}")),
+    }
+}
+
 /// Starts nfsd with the planned threads and versions, then makes sure the RDMA listener is
 /// there (a restarted nfsd loses it).
 fn start_nfsd(nfs: &NfsPlan) -> anyhow::Result<()> {
@@ -97,19 +142,15 @@ fn start_nfsd(nfs: &NfsPlan) -> anyhow::Result<()> {
     run("rpc.nfsd", &args.iter().map(String::as_str).collect::<Vec<_>>())?;
     let portlist = Path::new(NFSD_FS).join("portlist");
     if let Some(port) = nfs.rdma_port {
-        let has =
-            |p: &Path| std::fs::read_to_string(p).is_ok_and(|s| s.lines().any(|l| l.trim() == format!("rdma {port}")));
-        if !has(&portlist) {
+        if !has_listener(&nfsd::listeners(), "rdma", port) {
             std::fs::write(&portlist, format!("rdma {port}\n"))
                 .context("adding the RDMA listener (is rpcrdma loaded?)")?;
         }
-        if !has(&portlist) {
+        if !has_listener(&nfsd::listeners(), "rdma", port) {
             bail!("nfsd has no RDMA listener on {port}");
         }
     }
-    let tcp = std::fs::read_to_string(&portlist)
-        .is_ok_and(|s| s.lines().any(|l| l.trim() == format!("tcp {}", nfs.tcp_port)));
-    if !tcp {
+    if !has_listener(&nfsd::listeners(), "tcp", nfs.tcp_port) {
         bail!("nfsd has no TCP listener on {}", nfs.tcp_port);
     }
     Ok(())

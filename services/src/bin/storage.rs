@@ -7,7 +7,7 @@ use std::process::{Command, ExitCode};
 use anyhow::Context;
 use nasos_board::plan::{BAY_DIR, PoolPlan};
 use nasos_board::recipe::CreatePolicy;
-use nasos_services::storage::{DiskContent, describe_blkid, may_create};
+use nasos_services::storage::{DiskContent, describe_blkid, importable_names, may_create};
 use nasos_services::{plan, probe, run, say};
 
 fn main() -> ExitCode {
@@ -20,8 +20,12 @@ fn imported(pool: &str) -> bool {
 
 fn up() -> anyhow::Result<()> {
     let plan = plan()?;
+    let mut tunables: Vec<(String, String)> = plan.zfs.tunables.clone().into_iter().collect();
     if let Some(arc) = plan.zfs.arc_max_bytes {
-        let _ = std::fs::write("/sys/module/zfs/parameters/zfs_arc_max", arc.to_string());
+        tunables.push(("zfs_arc_max".into(), arc.to_string()));
+    }
+    for (name, value) in &tunables {
+        set_tunable(name, value)?;
     }
     for pool in &plan.pools {
         ensure_pool(pool)?;
@@ -39,16 +43,55 @@ fn up() -> anyhow::Result<()> {
             continue;
         }
         let mut changed = Vec::new();
-        for (k, v) in &ds.properties {
-            let now = run("zfs", &["get", "-H", "-p", "-o", "value", k, &ds.name])?;
-            if now.trim() != v && !same_size(now.trim(), v) {
-                run("zfs", &["set", &format!("{k}={v}"), &ds.name])?;
-                changed.push(format!("{k} {} → {v}", now.trim()));
+        if !ds.properties.is_empty() {
+            let props: Vec<&str> = ds.properties.keys().map(String::as_str).collect();
+            let now = nasos_zfs::dataset_properties(&props, &[&ds.name])?;
+            let current = now.datasets.get(&ds.name).with_context(|| format!("zfs get did not report {}", ds.name))?;
+            for (k, v) in &ds.properties {
+                let now = current.value(k).map(nasos_zfs::Value::text).unwrap_or_default();
+                if now != *v && !same_size(&now, v) {
+                    run("zfs", &["set", &format!("{k}={v}"), &ds.name])?;
+                    changed.push(format!("{k} {now} → {v}"));
+                }
             }
         }
         say(format!("{}: {}", ds.name, if changed.is_empty() { "as planned".to_string() } else { changed.join(", ") }));
     }
     let _ = run("zfs", &["mount", "-a"]);
+    report()
+}
+
+/// Says how each pool stands, from `zpool status -j`.
+fn report() -> anyhow::Result<()> {
+    let status = nasos_zfs::status(None)?;
+    for pool in status.pools.values() {
+        let members = nasos_zfs::summary::members(pool);
+        let bad: Vec<String> = members
+            .iter()
+            .filter(|m| m.state != "ONLINE" || m.errors > 0)
+            .map(|m| format!("{} {} ({} errors)", m.disk, m.state, m.errors))
+            .collect();
+        say(format!(
+            "{}: {}, {} disks{}",
+            pool.name,
+            pool.state,
+            members.len(),
+            if bad.is_empty() { String::new() } else { format!("; {}", bad.join(", ")) }
+        ));
+    }
+    Ok(())
+}
+
+/// Sets a ZFS module parameter, saying when it changed. An unknown name is an error: the recipe
+/// asked for something this ZFS does not have.
+fn set_tunable(name: &str, value: &str) -> anyhow::Result<()> {
+    let path = format!("/sys/module/zfs/parameters/{name}");
+    let now = std::fs::read_to_string(&path)
+        .with_context(|| format!("ZFS has no tunable {name} (no {path}); check the recipe's [zfs] tunables"))?;
+    if now.trim() != value {
+        std::fs::write(&path, value).with_context(|| format!("setting {name}={value}"))?;
+        say(format!("zfs tunable {name}: {} → {value}", now.trim()));
+    }
     Ok(())
 }
 
@@ -63,10 +106,26 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
         return Ok(());
     }
     // Import by bay paths only: kernel nvme numbering does not follow bays.
-    if probe("zpool", &["import", "-N", "-d", BAY_DIR, &pool.name]) {
-        let _ = run("zfs", &["mount", "-a"]);
-        say(format!("{}: imported", pool.name));
-        return Ok(());
+    match run("zpool", &["import", "-N", "-d", BAY_DIR, &pool.name]) {
+        Ok(_) => {
+            let _ = run("zfs", &["mount", "-a"]);
+            say(format!("{}: imported from its bays", pool.name));
+            return Ok(());
+        }
+        Err(e) => {
+            // A pool that is on the bays but will not import is never created over: say why
+            // and what the operator can do, and leave the disks alone.
+            let scan = run("zpool", &["import", "-d", BAY_DIR]).unwrap_or_default();
+            if importable_names(&scan).iter().any(|n| n == &pool.name) {
+                anyhow::bail!(
+                    "pool {} is on its bays but did not import: {e:#}. Nothing was changed. If these disks \
+                     come from another box that is gone, import it once by hand: \
+                     zpool import -f -d {BAY_DIR} {}",
+                    pool.name,
+                    pool.name
+                );
+            }
+        }
     }
     if pool.create == CreatePolicy::ImportOnly {
         anyhow::bail!("pool {} is not found on its bays and the recipe says import-only", pool.name);
@@ -118,15 +177,36 @@ fn content(bay: &str) -> DiskContent {
     if !std::path::Path::new(&dev).exists() {
         return DiskContent::Missing;
     }
-    match Command::new("blkid").args(["-p", "-o", "export", &dev]).output() {
-        // Exit status 2: nothing identifiable on the device.
-        Ok(o) if o.status.code() == Some(2) => DiskContent::Blank,
-        Ok(o) => match describe_blkid(&String::from_utf8_lossy(&o.stdout)) {
-            Some(what) => DiskContent::Holds(what),
-            None => DiskContent::Holds("data blkid could not name".into()),
-        },
-        Err(_) => DiskContent::Holds("content that could not be probed (blkid did not run)".into()),
+    match probe_blkid(&dev) {
+        Ok(None) => DiskContent::Blank,
+        Ok(Some(mut what)) => {
+            // A partition table says little; what its partitions hold says whose disk it is.
+            if what.contains("partition table") {
+                let parts: Vec<String> = (1..=9)
+                    .filter_map(|n| {
+                        let p = format!("{dev}-part{n}");
+                        std::path::Path::new(&p).exists().then_some(())?;
+                        probe_blkid(&p).ok().flatten().map(|w| format!("part{n}: {w}"))
+                    })
+                    .collect();
+                if !parts.is_empty() {
+                    what = format!("{what} ({})", parts.join(", "));
+                }
+            }
+            DiskContent::Holds(what)
+        }
+        Err(e) => DiskContent::Holds(format!("content that could not be probed ({e})")),
     }
+}
+
+/// What blkid finds on a device, reading only (`-p` probes the device itself, no cache).
+fn probe_blkid(dev: &str) -> Result<Option<String>, String> {
+    let o = Command::new("blkid").args(["-p", "-o", "export", dev]).output().map_err(|e| format!("blkid: {e}"))?;
+    // Exit status 2: nothing identifiable on the device.
+    if o.status.code() == Some(2) {
+        return Ok(None);
+    }
+    Ok(Some(describe_blkid(&String::from_utf8_lossy(&o.stdout)).unwrap_or_else(|| "data blkid could not name".into())))
 }
 
 fn export() -> anyhow::Result<()> {

@@ -1,0 +1,154 @@
+//! What `nasctl pools`, `nasctl exports` and `nasctl fabric` show: the running state, read from
+//! ZFS, the kernel NFS server, sysfs and dcbnl — not the plan's wishes, which `nasos plan` shows.
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::{nfsd, rdma};
+
+#[derive(Debug, Serialize)]
+pub struct PoolView {
+    pub name: String,
+    pub state: String,
+    pub guid: u64,
+    pub size: Option<u64>,
+    pub allocated: Option<u64>,
+    pub free: Option<u64>,
+    pub errors: u64,
+    pub members: Vec<nasos_zfs::summary::Member>,
+    pub datasets: Vec<DatasetView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DatasetView {
+    pub name: String,
+    pub used: Option<u64>,
+    pub available: Option<u64>,
+    /// 0 means none.
+    pub quota: Option<u64>,
+    pub mountpoint: String,
+    pub mounted: bool,
+}
+
+pub fn pools() -> anyhow::Result<Vec<PoolView>> {
+    let status = nasos_zfs::status(None)?;
+    if status.pools.is_empty() {
+        return Ok(Vec::new());
+    }
+    let props = nasos_zfs::pool_properties(&["size", "allocated", "free"])?;
+    let sets = nasos_zfs::dataset_properties(&["used", "available", "quota", "mountpoint", "mounted"], &[])?;
+    let mut out = Vec::new();
+    for pool in status.pools.values() {
+        let p = props.pools.get(&pool.name);
+        let num = |k: &str| p.and_then(|p| p.value(k)).and_then(nasos_zfs::Value::as_u64);
+        let datasets = sets
+            .datasets
+            .values()
+            .filter(|d| d.pool == pool.name)
+            .map(|d| DatasetView {
+                name: d.name.clone(),
+                used: d.value("used").and_then(nasos_zfs::Value::as_u64),
+                available: d.value("available").and_then(nasos_zfs::Value::as_u64),
+                quota: d.value("quota").and_then(nasos_zfs::Value::as_u64),
+                mountpoint: d.value("mountpoint").map(nasos_zfs::Value::text).unwrap_or_default(),
+                mounted: d.value("mounted").is_some_and(|v| v.text() == "yes"),
+            })
+            .collect();
+        out.push(PoolView {
+            name: pool.name.clone(),
+            state: pool.state.clone(),
+            guid: pool.pool_guid,
+            size: num("size"),
+            allocated: num("allocated"),
+            free: num("free"),
+            errors: nasos_zfs::summary::errors(pool),
+            members: nasos_zfs::summary::members(pool),
+            datasets,
+        });
+    }
+    Ok(out)
+}
+
+pub fn exports() -> nfsd::NfsState {
+    nfsd::state()
+}
+
+#[derive(Debug, Serialize)]
+pub struct LinkView {
+    pub link: String,
+    pub operstate: String,
+    pub mtu: u32,
+    pub addresses: Vec<String>,
+    pub rdma: Vec<rdma::Port>,
+    pub dcb: DcbView,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum DcbView {
+    /// The NIC answered dcbnl: what it runs now.
+    Applied {
+        pfc_enabled: Vec<u8>,
+        ets_bandwidth: Option<[u8; 8]>,
+        dscp: Vec<(u8, u8)>,
+    },
+    NotSupported,
+    Error {
+        message: String,
+    },
+}
+
+/// `ip -j addr show dev X`, the parts nasctl shows.
+#[derive(Deserialize)]
+struct IpLink {
+    #[serde(default)]
+    operstate: String,
+    #[serde(default)]
+    mtu: u32,
+    #[serde(default)]
+    addr_info: Vec<IpAddr>,
+}
+
+#[derive(Deserialize)]
+struct IpAddr {
+    family: String,
+    local: String,
+    prefixlen: u8,
+}
+
+pub fn fabric() -> anyhow::Result<Vec<LinkView>> {
+    let plan = crate::plan()?;
+    let Some(fabric) = plan.fabric else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for fl in &fabric.links {
+        let json = crate::run("ip", &["-j", "addr", "show", "dev", &fl.link])?;
+        let links: Vec<IpLink> = serde_json::from_str(&json).context("reading `ip -j addr`")?;
+        let l = links.into_iter().next().with_context(|| format!("no link {}", fl.link))?;
+        let dcb = match nasos_dcbnl::Socket::open().and_then(|mut s| s.get(&fl.link)) {
+            Ok(ieee) => DcbView::Applied {
+                pfc_enabled: ieee
+                    .pfc
+                    .map(|p| (0..8).filter(|i| p.pfc_en & (1 << i) != 0).collect())
+                    .unwrap_or_default(),
+                ets_bandwidth: ieee.ets.map(|e| e.tc_tx_bw),
+                dscp: ieee.dscp_apps().map(|a| (a.protocol as u8, a.priority)).collect(),
+            },
+            Err(nasos_dcbnl::Error::NotSupported) => DcbView::NotSupported,
+            Err(e) => DcbView::Error { message: e.to_string() },
+        };
+        out.push(LinkView {
+            link: fl.link.clone(),
+            operstate: l.operstate,
+            mtu: l.mtu,
+            addresses: l
+                .addr_info
+                .iter()
+                .filter(|a| a.family == "inet" || a.family == "inet6")
+                .map(|a| format!("{}/{}", a.local, a.prefixlen))
+                .collect(),
+            rdma: rdma::ports_on(&fl.link),
+            dcb,
+        });
+    }
+    Ok(out)
+}

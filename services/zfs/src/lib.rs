@@ -1,0 +1,245 @@
+//! Typed ZFS state from OpenZFS 2.3's JSON output (`zpool status -j --json-int`,
+//! `zpool list -j --json-int`, `zfs list|get -j --json-int`).
+//!
+//! `--json-int` is always used: without it every number is a string, and with it GUIDs are
+//! full 64-bit integers, which is why they are `u64` here (tools that read JSON numbers as
+//! doubles, like jq, round them). The output format is pinned: an `output_version` other than
+//! the one these types were written against is an error, not a guess.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+pub mod summary;
+
+/// The JSON output version these types describe (OpenZFS 2.3: 0.1).
+pub const OUTPUT_MAJOR: u32 = 0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("`{command}` printed JSON nasos cannot read: {source}")]
+    Parse { command: String, source: serde_json::Error },
+    #[error("`{command}` speaks JSON output version {major}.{minor}; nasos reads version {OUTPUT_MAJOR}.x")]
+    Version { command: String, major: u32, minor: u32 },
+    #[error("running `{command}`: {source}")]
+    Spawn { command: String, source: std::io::Error },
+    #[error("`{command}` failed: {stderr}")]
+    Failed { command: String, stderr: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputVersion {
+    pub command: String,
+    pub vers_major: u32,
+    pub vers_minor: u32,
+}
+
+/// `zpool status -j --json-int`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub output_version: OutputVersion,
+    #[serde(default)]
+    pub pools: BTreeMap<String, PoolStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub state: String,
+    pub pool_guid: u64,
+    pub txg: u64,
+    #[serde(default)]
+    pub spa_version: Option<u64>,
+    #[serde(default)]
+    pub zpl_version: Option<u64>,
+    /// What is wrong, when something is (`status`/`action` in the text output).
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub action: Option<String>,
+    #[serde(default)]
+    pub error_count: Option<u64>,
+    /// The root vdev, keyed by the pool's name.
+    #[serde(default)]
+    pub vdevs: BTreeMap<String, Vdev>,
+    /// Scrub/resilver progress; kept as JSON since nasos only shows it.
+    #[serde(default)]
+    pub scan_stats: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Vdev {
+    pub name: String,
+    pub vdev_type: String,
+    pub guid: u64,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub class: Option<String>,
+    pub state: String,
+    #[serde(default)]
+    pub alloc_space: Option<u64>,
+    #[serde(default)]
+    pub total_space: Option<u64>,
+    #[serde(default)]
+    pub read_errors: u64,
+    #[serde(default)]
+    pub write_errors: u64,
+    #[serde(default)]
+    pub checksum_errors: u64,
+    #[serde(default)]
+    pub slow_ios: Option<u64>,
+    #[serde(default)]
+    pub vdevs: BTreeMap<String, Vdev>,
+}
+
+/// A property's value: a number with `--json-int` where ZFS has one, else text ("-", "1.00x").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Value {
+    Int(u64),
+    Text(String),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            Value::Text(t) => t.parse().ok(),
+        }
+    }
+
+    /// The value as `zfs get -p` would print it.
+    pub fn text(&self) -> String {
+        match self {
+            Value::Int(n) => n.to_string(),
+            Value::Text(t) => t.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Source {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub data: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Property {
+    pub value: Value,
+    pub source: Source,
+}
+
+/// `zpool list|get -j --json-int`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolList {
+    pub output_version: OutputVersion,
+    #[serde(default)]
+    pub pools: BTreeMap<String, PoolProperties>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolProperties {
+    pub name: String,
+    pub state: String,
+    pub pool_guid: u64,
+    #[serde(default)]
+    pub properties: BTreeMap<String, Property>,
+}
+
+/// `zfs list|get -j --json-int`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetList {
+    pub output_version: OutputVersion,
+    #[serde(default)]
+    pub datasets: BTreeMap<String, Dataset>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dataset {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub pool: String,
+    #[serde(default)]
+    pub createtxg: Option<u64>,
+    #[serde(default)]
+    pub properties: BTreeMap<String, Property>,
+}
+
+impl Dataset {
+    pub fn value(&self, prop: &str) -> Option<&Value> {
+        self.properties.get(prop).map(|p| &p.value)
+    }
+}
+
+impl PoolProperties {
+    pub fn value(&self, prop: &str) -> Option<&Value> {
+        self.properties.get(prop).map(|p| &p.value)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(command: &str, json: &str) -> Result<T, Error> {
+    // The version is checked before the shape, so a new format is named as such.
+    #[derive(Deserialize)]
+    struct Versioned {
+        output_version: OutputVersion,
+    }
+    let v: Versioned = serde_json::from_str(json).map_err(|source| Error::Parse { command: command.into(), source })?;
+    if v.output_version.vers_major != OUTPUT_MAJOR {
+        return Err(Error::Version {
+            command: command.into(),
+            major: v.output_version.vers_major,
+            minor: v.output_version.vers_minor,
+        });
+    }
+    serde_json::from_str(json).map_err(|source| Error::Parse { command: command.into(), source })
+}
+
+pub fn parse_status(json: &str) -> Result<Status, Error> {
+    parse("zpool status", json)
+}
+
+pub fn parse_pool_list(json: &str) -> Result<PoolList, Error> {
+    parse("zpool list", json)
+}
+
+pub fn parse_datasets(json: &str) -> Result<DatasetList, Error> {
+    parse("zfs list", json)
+}
+
+fn run(program: &str, args: &[&str]) -> Result<String, Error> {
+    let command = format!("{program} {}", args.join(" "));
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| Error::Spawn { command: command.clone(), source })?;
+    if !out.status.success() {
+        return Err(Error::Failed { command, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The status of every imported pool (or of `pool`).
+pub fn status(pool: Option<&str>) -> Result<Status, Error> {
+    let mut args = vec!["status", "-j", "--json-int"];
+    args.extend(pool);
+    parse_status(&run("zpool", &args)?)
+}
+
+/// Pool properties (`zpool get`), e.g. size, allocated, free, health.
+pub fn pool_properties(props: &[&str]) -> Result<PoolList, Error> {
+    let list = props.join(",");
+    let out = run("zpool", &["get", "-j", "--json-int", &list])?;
+    parse_pool_list(&out)
+}
+
+/// Dataset properties (`zfs get`), for `datasets` (all when empty).
+pub fn dataset_properties(props: &[&str], datasets: &[&str]) -> Result<DatasetList, Error> {
+    let list = props.join(",");
+    let mut args = vec!["get", "-j", "--json-int", list.as_str()];
+    args.extend(datasets);
+    parse_datasets(&run("zfs", &args)?)
+}

@@ -1,0 +1,82 @@
+//! The fixtures are what OpenZFS 2.3.9 printed in the qemu-dev appliance for its 2 × 6-wide
+//! raidz2 pool, byte for byte.
+
+use nasos_zfs::{Error, Value, parse_datasets, parse_pool_list, parse_status, summary};
+
+const STATUS: &str = include_str!("fixtures/zpool-status.json");
+const STATUS_FLAT: &str = include_str!("fixtures/zpool-status-flat.json");
+const POOL_LIST: &str = include_str!("fixtures/zpool-list.json");
+const POOL_GET: &str = include_str!("fixtures/zpool-get.json");
+const ZFS_LIST: &str = include_str!("fixtures/zfs-list.json");
+const ZFS_GET: &str = include_str!("fixtures/zfs-get.json");
+
+#[test]
+fn status_is_typed_down_to_each_bay() {
+    let s = parse_status(STATUS).expect("parses");
+    let tank = &s.pools["tank"];
+    assert_eq!(tank.state, "ONLINE");
+    // Above 2^53: a double would have rounded it.
+    let root = &tank.vdevs["tank"];
+    assert_eq!(root.vdev_type, "root");
+    let raidz = &root.vdevs["raidz2-0"];
+    assert_eq!(raidz.guid, 10940134659339597905);
+    assert_eq!(raidz.vdev_type, "raidz");
+    let m = summary::members(tank);
+    assert_eq!(m.len(), 12);
+    assert_eq!(m[0].disk, "BAY01");
+    assert_eq!(m[0].group, "raidz2-0");
+    assert_eq!(m[11].disk, "BAY12");
+    assert_eq!(m[11].group, "raidz2-1");
+    assert!(m.iter().all(|d| d.state == "ONLINE" && d.errors == 0));
+    assert_eq!(summary::errors(tank), 0);
+    assert_eq!(raidz.vdevs["disk/by-bay/BAY01"].path.as_deref(), Some("/dev/disk/by-bay/BAY01-part1"));
+}
+
+#[test]
+fn flat_status_parses_too() {
+    let s = parse_status(STATUS_FLAT).expect("parses");
+    assert_eq!(s.pools["tank"].pool_guid, 644726112428041454);
+}
+
+#[test]
+fn pool_properties_are_numbers_or_text() {
+    for json in [POOL_LIST, POOL_GET] {
+        let l = parse_pool_list(json).expect("parses");
+        let tank = &l.pools["tank"];
+        assert_eq!(tank.value("size"), Some(&Value::Int(50465865728)));
+        assert!(tank.value("allocated").and_then(Value::as_u64).is_some());
+    }
+    let get = parse_pool_list(POOL_GET).expect("parses");
+    assert_eq!(get.pools["tank"].value("health"), Some(&Value::Text("ONLINE".into())));
+}
+
+#[test]
+fn datasets_carry_values_and_sources() {
+    let l = parse_datasets(ZFS_LIST).expect("parses");
+    assert!(l.datasets.contains_key("tank/train") && l.datasets.contains_key("tank/scratch"));
+    let tank = &l.datasets["tank"];
+    assert_eq!(tank.value("mountpoint"), Some(&Value::Text("/export/tank".into())));
+    assert_eq!(tank.properties["mountpoint"].source.kind, "LOCAL");
+    let g = parse_datasets(ZFS_GET).expect("parses");
+    let train = &g.datasets["tank/train"];
+    assert_eq!(train.value("recordsize"), Some(&Value::Int(1048576)));
+    assert_eq!(train.properties["compression"].source.kind, "INHERITED");
+    assert_eq!(train.properties["compression"].source.data, "tank");
+}
+
+#[test]
+fn another_output_version_is_refused_by_name() {
+    let newer = STATUS.replace("\"vers_major\":0", "\"vers_major\":1");
+    match parse_status(&newer) {
+        Err(Error::Version { major: 1, .. }) => {}
+        other => panic!("expected a version error, got {other:?}"),
+    }
+}
+
+#[test]
+fn text_where_a_number_belongs_is_an_error_that_names_the_command() {
+    // Without --json-int, GUIDs are strings: parsing must fail, not guess.
+    let strings = STATUS.replace("\"pool_guid\":644726112428041454", "\"pool_guid\":\"644726112428041454\"");
+    let e = parse_status(&strings).expect_err("string guid refused");
+    assert!(e.to_string().contains("zpool status"), "{e}");
+}
