@@ -19,6 +19,7 @@ mod root;
 mod rootfs;
 mod stage;
 mod uki;
+mod vm;
 mod zfs;
 
 #[derive(Parser)]
@@ -82,6 +83,18 @@ enum Command {
         /// Guest memory in MiB.
         #[arg(long, default_value_t = 2048)]
         memory: u32,
+        /// Also boot a client VM from this recipe (e.g. recipes/qemu-client.toml) on the
+        /// appliance's private network, to try the data path by hand.
+        #[arg(long)]
+        client: Option<PathBuf>,
+        /// Serve the client's console on this unix socket (else it goes to a log file, named
+        /// when the client starts).
+        #[arg(long, requires = "client")]
+        client_serial: Option<PathBuf>,
+        /// Keep the VM's bays and EFI variables here (default build/<name>/vm; the client's go
+        /// in a client/ folder under it). A new folder means blank bays.
+        #[arg(long)]
+        state: Option<PathBuf>,
     },
     /// Write a raw disk image (disk.img) to a block device and verify it by reading it back.
     ///
@@ -159,60 +172,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", outputs.uki.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Qemu { recipe, headless, serial, qmp, memory } => {
-            let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
-            let plan = loaded.plan();
-            if !loaded.board.board.emulated {
-                anyhow::bail!(
-                    "board `{}` is real hardware; `nasos qemu` boots recipes for an emulated board such as qemu-q35",
-                    loaded.board.board.name
-                );
-            }
-            let out = PathBuf::from("build").join(&plan.image.name);
-            let outputs = build::build(
-                &build::Options { recipe: recipe.clone(), out: out.clone(), update_lock: false, rebuild: false },
-                &plan,
-            )?;
-            host::ensure(host::QEMU)?;
-            let state = out.join("vm");
-            std::fs::create_dir_all(&state)?;
-            // Boot a fresh overlay: the built disk stays as built; the bays persist.
-            let run = state.join("run.qcow2");
-            let _ = std::fs::remove_file(&run);
-            let base = std::fs::canonicalize(&outputs.disk_qcow2)?;
-            root::run(
-                std::process::Command::new("qemu-img")
-                    .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-                    .arg(&base)
-                    .arg(&run),
-                "qemu-img create",
-            )?;
-            let console = match (serial, headless) {
-                (Some(p), _) => nasos_qemu::Serial::Socket(p),
-                (None, true) => nasos_qemu::Serial::File(state.join("console.log")),
-                (None, false) => nasos_qemu::Serial::Stdio,
-            };
-            let links = plan
-                .links
-                .iter()
-                .map(|l| nasos_qemu::Link {
-                    port: l.port.clone(),
-                    socket: state.join(format!("net-{}.sock", l.port)),
-                    listen: true,
-                })
-                .collect();
-            let spec = nasos_qemu::Spec {
-                board: loaded.board.clone(),
-                disk: run,
-                state,
-                memory_mib: memory,
-                serial: console,
-                qmp,
-                links,
-            };
-            nasos_qemu::prepare_state(&spec)?;
-            let status = nasos_qemu::command(&spec).status().context("running qemu-system-x86_64")?;
-            Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        Command::Qemu { recipe, headless, serial, qmp, memory, client, client_serial, state } => {
+            vm::run(vm::Options { recipe, headless, serial, qmp, memory, client, client_serial, state }, |r| {
+                load(r, false)
+            })
         }
         Command::Flash { image, device, yes } => {
             let disk = flash::check_target(&device)?;

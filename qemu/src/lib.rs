@@ -27,6 +27,7 @@ pub enum Serial {
 }
 
 /// One private network between VMs: the first VM listens, the others connect.
+#[derive(Debug, Clone)]
 pub struct Link {
     pub port: String,
     pub socket: PathBuf,
@@ -115,7 +116,9 @@ pub fn command(spec: &Spec) -> Command {
 
 /// A running VM driven through its serial console socket.
 pub struct Vm {
-    child: Child,
+    /// The process that owns the VM (QEMU itself, or `nasos qemu`); `None` when another handle
+    /// owns it.
+    child: Option<Child>,
     lines: mpsc::Receiver<String>,
     console: UnixStream,
     qmp: Option<PathBuf>,
@@ -139,12 +142,37 @@ impl Vm {
             .stderr(log)
             .spawn()
             .context("starting qemu-system-x86_64")?;
+        Vm::attach(sock, transcript, spec.qmp.clone(), Some(child), Duration::from_secs(20))
+    }
+
+    /// Connects to a VM's console socket (waiting up to `wait` for it to appear, e.g. while
+    /// `nasos qemu` builds) and records it into `transcript`. `owner`, if any, is killed with
+    /// the handle.
+    pub fn attach(
+        sock: &Path,
+        transcript: &Path,
+        qmp: Option<PathBuf>,
+        mut owner: Option<Child>,
+        wait: Duration,
+    ) -> anyhow::Result<Vm> {
         let t = Instant::now();
         let console = loop {
             match UnixStream::connect(sock) {
                 Ok(s) => break s,
-                Err(_) if t.elapsed() < Duration::from_secs(20) => std::thread::sleep(Duration::from_millis(50)),
-                Err(e) => bail!("QEMU did not open its console socket {}: {e}", sock.display()),
+                Err(e) => {
+                    let exited = owner.as_mut().and_then(|c| c.try_wait().ok().flatten());
+                    if let Some(st) = exited {
+                        bail!("the VM's process exited ({st}) before opening its console {}", sock.display());
+                    }
+                    if t.elapsed() > wait {
+                        if let Some(c) = owner.as_mut() {
+                            let _ = c.kill();
+                            let _ = c.wait();
+                        }
+                        bail!("no console socket {} after {wait:?}: {e}", sock.display());
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         };
         let reader = console.try_clone()?;
@@ -168,10 +196,10 @@ impl Vm {
             }
         });
         Ok(Vm {
-            child,
+            child: owner,
             lines,
             console,
-            qmp: spec.qmp.clone(),
+            qmp,
             transcript: transcript.to_path_buf(),
             seen: Vec::new(),
             quiet: false,
@@ -281,8 +309,9 @@ impl Vm {
     /// Waits for QEMU to exit (the guest powered off).
     pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
         let deadline = Instant::now() + timeout;
+        let Some(child) = self.child.as_mut() else { bail!("this handle does not own the VM's process") };
         loop {
-            if let Some(s) = self.child.try_wait()? {
+            if let Some(s) = child.try_wait()? {
                 return Ok(s);
             }
             if Instant::now() > deadline {
@@ -301,8 +330,10 @@ impl Vm {
     }
 
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 

@@ -1,1 +1,178 @@
-//! End-to-end tests live in tests/; this crate has no library code of its own.
+//! What the end-to-end tests and the data-path benchmark share: building the release binaries
+//! and images, booting VMs on the twin board, and running commands on their consoles.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nasos_qemu::{Link, Serial, Spec, Vm};
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("repo root")
+}
+
+pub fn target_release() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("target")).join("release")
+}
+
+/// Builds the workspace's binaries in release mode (the images carry them).
+pub fn build_binaries() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--workspace", "--bins", "--locked"])
+        .current_dir(repo())
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build --release failed");
+}
+
+pub struct Built {
+    pub stdout: String,
+    pub stderr: String,
+    pub took: Duration,
+}
+
+/// Runs the release `nasos` and insists it succeeds.
+pub fn nasos(args: &[&str]) -> Built {
+    let t = Instant::now();
+    let out = Command::new(target_release().join("nasos")).args(args).current_dir(repo()).output().expect("run nasos");
+    let b = Built {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: t.elapsed(),
+    };
+    assert!(out.status.success(), "nasos {} failed:\n{}", args.join(" "), b.stderr);
+    b
+}
+
+pub fn board(name: &str) -> nasos_board::Board {
+    let (file, text) = nasos_board::find_board(name).expect("board");
+    nasos_board::load_board(&nasos_board::SourceFile::new(file, text)).expect("valid board").0
+}
+
+/// A throwaway qcow2 overlay over a built disk, so boots never change the build output.
+pub fn overlay(base: &Path, at: &Path) -> PathBuf {
+    let _ = std::fs::remove_file(at);
+    let base = base.canonicalize().expect("base");
+    let st = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(&base)
+        .arg(at)
+        .status()
+        .expect("qemu-img");
+    assert!(st.success());
+    at.to_path_buf()
+}
+
+/// Boots a disk on the twin board with a fresh state directory (new blank bays) that `prepare`
+/// may seed before QEMU starts.
+pub fn boot(dir: &Path, base: &Path, tag: &str, memory_mib: u32, link: Link, prepare: impl FnOnce(&Path)) -> Vm {
+    let state = dir.join(format!("vm-{tag}"));
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::create_dir_all(&state).expect("state dir");
+    prepare(&state);
+    let disk = overlay(base, &state.join("run.qcow2"));
+    let spec = Spec {
+        board: board("qemu-q35"),
+        disk,
+        state: state.clone(),
+        memory_mib,
+        serial: Serial::Socket(state.join("console.sock")),
+        qmp: Some(state.join("qmp.sock")),
+        links: vec![link],
+    };
+    Vm::start(&spec, &dir.join(format!("console-{tag}.log"))).expect("start QEMU")
+}
+
+/// Runs a command on a console and insists it succeeds.
+pub fn ok(vm: &mut Vm, cmd: &str) -> String {
+    let (out, code) = vm.run(cmd, Duration::from_secs(300)).unwrap_or_else(|e| panic!("`{cmd}`: {e}"));
+    assert_eq!(code, 0, "`{cmd}` failed:\n{out}");
+    out
+}
+
+/// The sha256 digest in a command's output.
+pub fn digest(out: &str) -> String {
+    out.split_whitespace()
+        .find(|w| w.len() == 64 && w.bytes().all(|b| b.is_ascii_hexdigit()))
+        .unwrap_or_else(|| panic!("no sha256 in {out:?}"))
+        .to_string()
+}
+
+/// The qemu-dev appliance and a qemu-client GPU node on one private network, both ready,
+/// started the way an operator starts them: `nasos qemu recipes/qemu-dev.toml --client
+/// recipes/qemu-client.toml`, with both consoles on sockets and blank bays.
+pub struct Pair {
+    pub nas: Vm,
+    pub gpu: Vm,
+    qmp: PathBuf,
+}
+
+impl Pair {
+    pub fn start(dir: &Path) -> Pair {
+        build_binaries();
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).expect("dir");
+        let (nas_sock, gpu_sock, qmp) = (dir.join("nas.sock"), dir.join("gpu.sock"), dir.join("qmp.sock"));
+        let log = std::fs::File::create(dir.join("nasos-qemu.log")).expect("log");
+        let nasos = Command::new(target_release().join("nasos"))
+            .args(["qemu", "recipes/qemu-dev.toml", "--headless", "--client", "recipes/qemu-client.toml"])
+            .arg("--serial")
+            .arg(&nas_sock)
+            .arg("--client-serial")
+            .arg(&gpu_sock)
+            .arg("--qmp")
+            .arg(&qmp)
+            .arg("--state")
+            .arg(dir.join("state"))
+            .current_dir(repo())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("nasos qemu");
+        // Building both images if they changed takes a while; the consoles appear after that.
+        let wait = Duration::from_secs(1200);
+        let nas = Vm::attach(&nas_sock, &dir.join("console-nas.log"), Some(qmp.clone()), Some(nasos), wait)
+            .unwrap_or_else(|e| panic!("{e:#}; see {}", dir.join("nasos-qemu.log").display()));
+        let gpu = Vm::attach(&gpu_sock, &dir.join("console-gpu.log"), None, None, Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e:#}; see {}", dir.join("nasos-qemu.log").display()));
+        let mut pair = Pair { nas, gpu, qmp };
+        pair.nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("appliance ready");
+        pair.gpu.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("client ready");
+        pair
+    }
+
+    /// Mounts the training export on the client over one transport.
+    pub fn mount(&mut self, transport: &str, dir: &str) {
+        mount_train(&mut self.gpu, transport, dir);
+    }
+
+    /// Ends both VMs as an operator would: the appliance's QEMU quits, and `nasos qemu` takes
+    /// the client down with it and exits.
+    pub fn kill(mut self) {
+        let _ = self.nas.qmp("quit", serde_json::json!({}));
+        if self.nas.wait_exit(Duration::from_secs(60)).is_err() {
+            eprintln!("nasos qemu did not exit after QMP quit ({}); killing it", self.qmp.display());
+        }
+        self.nas.kill();
+    }
+}
+
+/// Mounts the appliance's training export on a client over one transport ("rdma" or "tcp")
+/// and proves which one it rides, from /proc/mounts and mountstats.
+pub fn mount_train(gpu: &mut Vm, transport: &str, dir: &str) {
+    let opts = if transport == "rdma" { "vers=4.2,proto=rdma,port=20049" } else { "vers=4.2,proto=tcp" };
+    ok(gpu, &format!("mkdir -p {dir} && mount -t nfs -o {opts} 10.77.0.1:/export/tank/train {dir}"));
+    let mount = ok(gpu, &format!("grep ' {dir} ' /proc/mounts"));
+    assert!(mount.contains(&format!("proto={transport}")), "{transport}: {mount}");
+    let xprt = ok(
+        gpu,
+        &format!(
+            "awk -v d='mounted on {dir} ' 'index($0, d) {{f=1}} f && /xprt:/ {{print; exit}}' /proc/self/mountstats"
+        ),
+    );
+    assert!(
+        xprt.contains(&format!("xprt:\t{transport}")) || xprt.contains(&format!("xprt: {transport}")),
+        "{transport}: {xprt}"
+    );
+}

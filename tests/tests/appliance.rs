@@ -3,93 +3,27 @@
 //! systemd-boot to nasinit's ready line, inspect it with nasctl, power it off, show that a bay
 //! holding a foreign filesystem is refused untouched, and that a tampered root is refused.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nasos_qemu::{Serial, Spec, Vm};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("repo root")
-}
-
-fn target_release() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("target")).join("release")
-}
-
-/// Builds the workspace's binaries in release mode (the image carries them).
-fn build_binaries() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "--workspace", "--bins", "--locked"])
-        .current_dir(repo())
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "cargo build --release failed");
-}
-
-struct Built {
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-fn nasos(args: &[&str]) -> Built {
-    let t = Instant::now();
-    let out = Command::new(target_release().join("nasos")).args(args).current_dir(repo()).output().expect("run nasos");
-    let b = Built {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        took: t.elapsed(),
-    };
-    assert!(out.status.success(), "nasos {} failed:\n{}", args.join(" "), b.stderr);
-    b
-}
+use nasos_qemu::{Link, Vm};
+use nasos_tests::{build_binaries, nasos, overlay, repo};
 
 fn sha256(p: &Path) -> String {
     let out = Command::new("sha256sum").arg(p).output().expect("sha256sum");
     String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
 }
 
-fn board(name: &str) -> nasos_board::Board {
-    let (file, text) = nasos_board::find_board(name).expect("board");
-    nasos_board::load_board(&nasos_board::SourceFile::new(file, text)).expect("valid board").0
-}
-
-/// A throwaway qcow2 overlay over a built disk, so boots never change the build output.
-fn overlay(base: &Path, at: &Path) -> PathBuf {
-    let _ = std::fs::remove_file(at);
-    let base = base.canonicalize().expect("base");
-    let st = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(&base)
-        .arg(at)
-        .status()
-        .expect("qemu-img");
-    assert!(st.success());
-    at.to_path_buf()
-}
-
 fn boot(dir: &Path, disk: &Path, tag: &str) -> Vm {
     boot_with(dir, disk, tag, |_| {})
 }
 
-/// Boots with a fresh state directory that `prepare` may seed (bays) before QEMU starts.
+/// Boots the built disk with fresh bays that `prepare` may seed.
 fn boot_with(dir: &Path, disk: &Path, tag: &str, prepare: impl FnOnce(&Path)) -> Vm {
-    let state = dir.join(format!("vm-{tag}"));
-    let _ = std::fs::remove_dir_all(&state);
-    std::fs::create_dir_all(&state).expect("state dir");
-    prepare(&state);
-    let spec = Spec {
-        board: board("qemu-q35"),
-        disk: disk.to_path_buf(),
-        state: state.clone(),
-        memory_mib: 2048,
-        serial: Serial::Socket(state.join("console.sock")),
-        qmp: Some(state.join("qmp.sock")),
-        links: vec![nasos_qemu::Link { port: "roce0".into(), socket: state.join("net.sock"), listen: true }],
-    };
-    Vm::start(&spec, &dir.join(format!("console-{tag}.log"))).expect("start QEMU")
+    let net = dir.join(format!("net-{tag}.sock"));
+    let link = Link { port: "roce0".into(), socket: net, listen: true };
+    nasos_tests::boot(dir, disk, tag, 2048, link, prepare)
 }
 
 #[test]
@@ -132,7 +66,7 @@ fn appliance_builds_boots_serves_and_powers_off() {
     let _ = std::fs::remove_dir_all(&clean);
 
     // Boot to ready, inspect, power off.
-    let disk = overlay(&out.join("disk.qcow2"), &dir.join("run.qcow2"));
+    let disk = out.join("disk.qcow2");
     let mut vm = boot(&dir, &disk, "dev");
     let t0 = Instant::now();
     let started = vm.wait_for("nasinit: started", Duration::from_secs(240)).expect("nasinit starts");
@@ -173,7 +107,7 @@ fn appliance_builds_boots_serves_and_powers_off() {
     let st =
         Command::new("mkfs.ext4").args(["-q", "-F", "-L", "oldbox-data"]).arg(&foreign).status().expect("mkfs.ext4");
     assert!(st.success());
-    let mut vm = boot_with(&dir, &overlay(&out.join("disk.qcow2"), &dir.join("foreign.qcow2")), "foreign", |state| {
+    let mut vm = boot_with(&dir, &out.join("disk.qcow2"), "foreign", |state| {
         let st = Command::new("qemu-img")
             .args(["convert", "-f", "raw", "-O", "qcow2"])
             .arg(&foreign)
