@@ -232,8 +232,18 @@ impl Vm {
             // A program reads the console: no echo, no prompt, no bracketed-paste escapes, and
             // no line wrapping of long commands.
             let setup = "stty -echo cols 1000; bind 'set enable-bracketed-paste off' 2>/dev/null; PS1=''; echo NASOS_\"\"QUIET\n";
-            self.console.write_all(setup.as_bytes())?;
-            self.wait_for("NASOS_QUIET", timeout)?;
+            // A shell that is still starting (login just printed) may discard what was typed:
+            // ask again until it answers.
+            let deadline = Instant::now() + timeout;
+            loop {
+                self.console.write_all(setup.as_bytes())?;
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.wait_for("NASOS_QUIET", left.min(Duration::from_secs(10))) {
+                    Ok(_) => break,
+                    Err(e) if Instant::now() >= deadline => return Err(e),
+                    Err(_) => {}
+                }
+            }
             self.quiet = true;
         }
         let tag = format!("NASOS{}", Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id()));
