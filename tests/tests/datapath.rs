@@ -139,7 +139,11 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     let log = ok(&mut nas, "nasctl logs storage");
     assert!(log.contains("tank: imported from its bays"), "{log}");
     for (name, sum) in &written {
-        assert_eq!(&digest(&ok(&mut gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after power cut");
+        assert_eq!(
+            &digest(&ok(&mut gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))),
+            sum,
+            "{name} after power cut"
+        );
     }
     ok(&mut gpu, "umount /tmp/mnt-tcp");
     gpu.kill();

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use nasos_tests::{Pair, ok, repo};
 
+const USER: &str = "setpriv --reuid=1000 --regid=1000 --clear-groups";
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mib: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
@@ -28,10 +30,11 @@ fn main() {
             let mnt = format!("/tmp/bench-{transport}");
             pair.mount(transport, &mnt);
             let file = format!("{mnt}/bench/{transport}-{round}");
-            let w = rate(&ok(&mut pair.gpu, &format!("dd if=/tmp/bench.src of={file} bs=1M conv=fsync 2>&1")));
+            // As a user: root is squashed on the export.
+            let w = rate(&ok(&mut pair.gpu, &format!("{USER} dd if=/tmp/bench.src of={file} bs=1M conv=fsync 2>&1")));
             ok(&mut pair.gpu, "sync; echo 3 > /proc/sys/vm/drop_caches");
-            let r = rate(&ok(&mut pair.gpu, &format!("dd if={file} of=/dev/null bs=1M 2>&1")));
-            ok(&mut pair.gpu, &format!("rm -f {file}; umount {mnt}"));
+            let r = rate(&ok(&mut pair.gpu, &format!("{USER} dd if={file} of=/dev/null bs=1M 2>&1")));
+            ok(&mut pair.gpu, &format!("{USER} rm -f {file}; umount {mnt}"));
             eprintln!("round {}: {transport:<4} write {w:7.1} MB/s  read {r:7.1} MB/s", round + 1);
             writes.push(w);
             reads.push(r);
