@@ -98,7 +98,19 @@ fn apply_dcb(link: &str, fabric: &FabricPlan) -> anyhow::Result<()> {
             say(msg);
         }
         Err(e) => {
-            let msg = format!("{link}: applying DCB through dcbnl failed: {e}");
+            let driver = std::fs::read_link(format!("/sys/class/net/{link}/device/driver"))
+                .ok()
+                .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+                .unwrap_or_default();
+            // The E810's firmware runs its own DCBX agent and refuses host DCB while it does.
+            let hint = if driver == "ice" {
+                format!(
+                    " (Intel E810: host DCB needs the firmware LLDP agent off: ethtool --set-priv-flags {link} fw-lldp-agent off)"
+                )
+            } else {
+                String::new()
+            };
+            let msg = format!("{link}: applying DCB through dcbnl failed: {e}{hint}");
             if fabric.pfc_required {
                 bail!(msg);
             }

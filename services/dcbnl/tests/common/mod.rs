@@ -83,8 +83,21 @@ pub fn shim_path() -> &'static Path {
 /// The host's iproute2 `dcb`; the byte-for-byte tests are meaningless
 /// without it, so its absence is a failure, not a skip.
 pub fn dcb_path() -> PathBuf {
-    for p in ["/usr/sbin/dcb", "/sbin/dcb", "/usr/bin/dcb", "/bin/dcb"] {
-        if Path::new(p).exists() {
+    let find =
+        || ["/usr/sbin/dcb", "/sbin/dcb", "/usr/bin/dcb", "/bin/dcb"].into_iter().find(|p| Path::new(p).exists());
+    if let Some(p) = find() {
+        return PathBuf::from(p);
+    }
+    // As root on a fresh machine, install it, as nasos installs its own host tools.
+    if is_root() {
+        static INSTALL: std::sync::Once = std::sync::Once::new();
+        INSTALL.call_once(|| {
+            let _ = std::process::Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", "iproute2"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status();
+        });
+        if let Some(p) = find() {
             return PathBuf::from(p);
         }
     }
@@ -93,6 +106,11 @@ pub fn dcb_path() -> PathBuf {
          These tests compare our messages with dcb's byte for byte; install it with \
          `apt-get install iproute2` (iproute2 >= 5.11 for `dcb app`)."
     );
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// A fresh log file path for the shim.
