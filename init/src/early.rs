@@ -63,13 +63,16 @@ pub fn mount_api_filesystems(console: &Console) {
     }
 }
 
+/// Where the upper layers of /etc and /var live (on the /run tmpfs).
+pub const VOLATILE_OVERLAYS: &str = "/run/nasos/overlay";
+
 /// The root is read-only; /etc and /var get a tmpfs overlay so daemons can write their state
 /// (nfs-utils writes /var/lib/nfs, exportfs writes /etc/exports). Persistent state lives in the
 /// pools and on the data partition, not here.
 pub fn writable_overlays(console: &Console) {
     for dir in ["etc", "var"] {
-        let upper = format!("/run/nasos/overlay/{dir}/upper");
-        let work = format!("/run/nasos/overlay/{dir}/work");
+        let upper = format!("{VOLATILE_OVERLAYS}/{dir}/upper");
+        let work = format!("{VOLATILE_OVERLAYS}/{dir}/work");
         if fs::create_dir_all(&upper).and_then(|_| fs::create_dir_all(&work)).is_err() {
             console.say(&format!("cannot prepare the /{dir} overlay"));
             continue;

@@ -71,19 +71,26 @@ fn reap_until_gone(limit: Duration) {
 
 fn unmount_all(console: &Console) {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
-    let mut mounts: Vec<(String, String)> = info
+    let mut mounts: Vec<(String, String, String)> = info
         .lines()
         .filter_map(|l| {
             let (left, right) = l.split_once(" - ")?;
             let mp = left.split_whitespace().nth(4)?.to_string();
-            let fstype = right.split_whitespace().next()?.to_string();
-            Some((mp, fstype))
+            let mut r = right.split_whitespace();
+            let fstype = r.next()?.to_string();
+            let options = r.nth(1).unwrap_or("").to_string();
+            Some((mp, fstype, options))
         })
         .collect();
     // Deepest first.
     mounts.reverse();
-    for (mp, fstype) in mounts {
+    let volatile = format!("upperdir={}/", crate::early::VOLATILE_OVERLAYS);
+    for (mp, fstype, options) in mounts {
         if mp == "/" || VIRTUAL.contains(&fstype.as_str()) {
+            continue;
+        }
+        // /etc and /var write into tmpfs: nothing to flush, and nasinit's own logs keep /var busy.
+        if fstype == "overlay" && options.contains(&volatile) {
             continue;
         }
         if umount2(mp.as_str(), MntFlags::empty()).is_err() {
