@@ -57,8 +57,12 @@ pub fn parse_etab(text: &str) -> Vec<ExportEntry> {
         .collect()
 }
 
+/// The listeners, each once: portlist has a line per address family (IPv4 and IPv6).
 pub fn listeners() -> Vec<Listener> {
-    parse_portlist(&std::fs::read_to_string(format!("{NFSD_FS}/portlist")).unwrap_or_default())
+    let mut l = parse_portlist(&std::fs::read_to_string(format!("{NFSD_FS}/portlist")).unwrap_or_default());
+    let mut seen = std::collections::HashSet::new();
+    l.retain(|x| seen.insert((x.transport.clone(), x.port)));
+    l
 }
 
 pub fn threads() -> u32 {

@@ -191,8 +191,23 @@ fn print_services(list: &[ServiceInfo]) {
     }
 }
 
+/// Bytes as `zfs list` prints them: 1024-based, one decimal, the largest unit that fits.
 fn gib(bytes: Option<u64>) -> String {
-    bytes.map(|b| format!("{:.1}G", b as f64 / (1u64 << 30) as f64)).unwrap_or_else(|| "-".into())
+    let Some(b) = bytes else { return "-".into() };
+    let units = ["B", "K", "M", "G", "T", "P"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b}B") } else { format!("{v:.1}{}", units[u]) }
+}
+
+/// Options once each, in the order first given (mountd writes some twice into etab).
+fn unique(options: &[String]) -> String {
+    let mut seen = std::collections::HashSet::new();
+    options.iter().filter(|o| seen.insert(o.as_str())).cloned().collect::<Vec<_>>().join(",")
 }
 
 fn show_pools(json: bool) -> anyhow::Result<()> {
@@ -205,7 +220,7 @@ fn show_pools(json: bool) -> anyhow::Result<()> {
     }
     for p in &pools {
         println!(
-            "{}  {}  size {}  used {}  free {}  errors {}",
+            "{}  {}  size {}  allocated {}  free {}  errors {}",
             p.name,
             p.state,
             gib(p.size),
@@ -243,7 +258,7 @@ fn show_exports(json: bool) -> anyhow::Result<()> {
         if listeners.is_empty() { "nothing".to_string() } else { listeners.join(", ") }
     );
     for e in &s.exports {
-        println!("  {:<28} {:<18} {}", e.path, e.client, e.options.join(","));
+        println!("  {:<28} {:<18} {}", e.path, e.client, unique(&e.options));
     }
     Ok(())
 }
@@ -269,4 +284,24 @@ fn show_fabric(json: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_like_zfs_list() {
+        assert_eq!(gib(None), "-");
+        assert_eq!(gib(Some(512)), "512B");
+        assert_eq!(gib(Some(1_374_912)), "1.3M");
+        assert_eq!(gib(Some(2 << 30)), "2.0G");
+        assert_eq!(gib(Some(50_465_865_728)), "47.0G");
+    }
+
+    #[test]
+    fn etab_options_are_shown_once() {
+        let o: Vec<String> = ["rw", "sync", "root_squash", "rw", "root_squash"].map(String::from).to_vec();
+        assert_eq!(unique(&o), "rw,sync,root_squash");
+    }
 }
