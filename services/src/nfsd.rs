@@ -51,7 +51,11 @@ pub fn parse_etab(text: &str) -> Vec<ExportEntry> {
             Some(ExportEntry {
                 path: path.to_string(),
                 client: client.to_string(),
-                options: opts.split(',').filter(|o| !o.is_empty()).map(str::to_string).collect(),
+                options: {
+                    // mountd writes some options twice; each is kept once, in first order.
+                    let mut seen = std::collections::HashSet::new();
+                    opts.split(',').filter(|o| !o.is_empty() && seen.insert(*o)).map(str::to_string).collect()
+                },
             })
         })
         .collect()
@@ -77,6 +81,21 @@ pub fn state() -> NfsState {
     }
 }
 
+/// Makes nfsd listen on `transport port` (e.g. rdma 20049) unless it does; returns whether it
+/// had to add it. An error means the listener is still missing afterwards.
+pub fn ensure_listener(transport: &str, port: u16) -> Result<bool, String> {
+    if has_listener(&listeners(), transport, port) {
+        return Ok(false);
+    }
+    std::fs::write(format!("{NFSD_FS}/portlist"), format!("{transport} {port}\n"))
+        .map_err(|e| format!("adding the {transport} {port} listener: {e}"))?;
+    if has_listener(&listeners(), transport, port) {
+        Ok(true)
+    } else {
+        Err(format!("nfsd accepted {transport} {port} but does not list it"))
+    }
+}
+
 pub fn has_listener(list: &[Listener], transport: &str, port: u16) -> bool {
     list.iter().any(|l| l.transport == transport && l.port == port)
 }
@@ -99,11 +118,12 @@ mod tests {
     #[test]
     fn etab_lines_are_parsed() {
         let e = parse_etab(
-            "/export/tank/train\t10.77.0.0/24(rw,sync,wdelay,hide,nocrossmnt,secure,root_squash,no_all_squash)\n",
+            "/export/tank/train\t10.77.0.0/24(rw,sync,wdelay,hide,nocrossmnt,secure,root_squash,no_all_squash,sec=sys,rw,secure,root_squash)\n",
         );
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].path, "/export/tank/train");
         assert_eq!(e[0].client, "10.77.0.0/24");
         assert!(e[0].options.contains(&"root_squash".to_string()) && e[0].options[0] == "rw");
+        assert_eq!(e[0].options.iter().filter(|o| *o == "root_squash").count(), 1, "{:?}", e[0].options);
     }
 }

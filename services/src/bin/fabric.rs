@@ -23,17 +23,26 @@ fn up() -> anyhow::Result<()> {
         bring_up(link)?;
     }
     let Some(fabric) = &plan.fabric else { return Ok(()) };
+    // Every link is brought as far as it goes: one port without RoCE must not keep the others
+    // (or NFS over TCP, which starts after fabric) down. Only a PFC the recipe requires is fatal.
+    let mut fatal = Vec::new();
     for fl in &fabric.links {
-        if let Some(rxe) = &fl.rxe_device {
-            let existing = run("rdma", &["link", "show"])?;
-            if !existing.lines().any(|l| l.contains(&format!("{rxe}/"))) {
-                run("rdma", &["link", "add", rxe, "type", "rxe", "netdev", &fl.link])
-                    .context("creating the soft-RoCE device")?;
-            }
+        if let Some(rxe) = fl.rxe_device.as_ref().filter(|r| !Path::new(rdma::SYSFS).join(r).exists())
+            && let Err(e) = run("rdma", &["link", "add", rxe, "type", "rxe", "netdev", &fl.link])
+        {
+            say(format!("{}: creating the soft-RoCE device {rxe} failed: {e:#}", fl.link));
         }
         let link = plan.links.iter().find(|l| l.name == fl.link);
-        check_roce(&fl.link, link.map(|l| l.addresses.as_slice()).unwrap_or_default())?;
-        apply_dcb(&fl.link, fabric)?;
+        if let Err(e) = check_roce(&fl.link, link.map(|l| l.addresses.as_slice()).unwrap_or_default()) {
+            say(format!("{e:#}; RDMA clients cannot use this link until it is fixed (TCP still serves)"));
+        }
+        if let Err(e) = apply_dcb(&fl.link, fabric) {
+            say(format!("{e:#}"));
+            fatal.push(fl.link.clone());
+        }
+    }
+    if !fatal.is_empty() {
+        bail!("PFC is required by the recipe and could not be applied on {}", fatal.join(", "));
     }
     Ok(())
 }

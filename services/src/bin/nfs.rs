@@ -66,19 +66,18 @@ fn serve() -> anyhow::Result<()> {
     daemons.push(mountd.spawn().context("starting rpc.mountd")?);
     run("exportfs", &["-ra"])?;
     start_nfsd(&nfs)?;
-    let ports = std::fs::read_to_string(Path::new(NFSD_FS).join("portlist")).unwrap_or_default();
-    let ports: Vec<&str> = ports.lines().collect();
+    let ports: Vec<String> = nfsd::listeners().iter().map(|l| format!("{} {}", l.transport, l.port)).collect();
     say(format!("nfsd listening: {}", ports.join(", ")));
     notify_ready(&format!("serving {} exports on {}", nfs.exports.len(), ports.join(", ")))?;
 
     // Wait for SIGTERM or a daemon's death, checking the listeners in between.
     let signals = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC).context("opening a signalfd")?;
-    let mut stopped_said = false;
+    let mut said: Option<String> = None;
     let status = loop {
         let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::from(WATCH_MS)) {
             Ok(0) => {
-                watch_listeners(&nfs, &mut stopped_said);
+                watch_listeners(&nfs, &mut said);
                 continue;
             }
             Ok(_) => {}
@@ -104,28 +103,27 @@ fn serve() -> anyhow::Result<()> {
     status
 }
 
-/// Puts the RDMA listener back when nfsd was restarted without it; says once when nfsd was
-/// stopped by hand (it is not restarted behind an operator's back).
-fn watch_listeners(nfs: &NfsPlan, stopped_said: &mut bool) {
+/// Puts the RDMA listener back when nfsd was restarted without it. Says once when nfsd was
+/// stopped by hand (it is not restarted behind an operator's back) and once per failure streak,
+/// so a lasting problem does not flood the bounded log.
+fn watch_listeners(nfs: &NfsPlan, said: &mut Option<String>) {
     let Some(port) = nfs.rdma_port else { return };
-    if nfsd::threads() == 0 {
-        if !*stopped_said {
-            say("nfsd has no threads: it was stopped outside nasos; clients wait until it runs again");
-            *stopped_said = true;
+    let news = if nfsd::threads() == 0 {
+        Some("nfsd has no threads: it was stopped outside nasos; clients wait until it runs again".to_string())
+    } else {
+        match nfsd::ensure_listener("rdma", port) {
+            Ok(false) => None,
+            Ok(true) => {
+                say(format!("nfsd was restarted without its RDMA listener: re-added rdma {port}"));
+                None
+            }
+            Err(e) => Some(format!("nfsd lost its RDMA listener and it could not be re-added: {e}")),
         }
-        return;
+    };
+    if news.is_some() && news != *said {
+        say(news.as_deref().unwrap_or_default());
     }
-    *stopped_said = false;
-    if has_listener(&nfsd::listeners(), "rdma", port) {
-        return;
-    }
-    match std::fs::write(Path::new(NFSD_FS).join("portlist"), format!("rdma {port}\n")) {
-        Ok(()) if has_listener(&nfsd::listeners(), "rdma", port) => {
-            say(format!("nfsd was restarted without its RDMA listener: re-added rdma {port}"))
-        }
-        Ok(()) => say(format!("nfsd lost its RDMA listener and re-adding rdma {port} did not take")),
-        Err(e) => say(format!("nfsd lost its RDMA listener; re-adding rdma {port} failed: {e}")),
-    }
+    *said = news;
 }
 
 /// Starts nfsd with the planned threads and versions, then makes sure the RDMA listener is
@@ -140,15 +138,8 @@ fn start_nfsd(nfs: &NfsPlan) -> anyhow::Result<()> {
     }
     args.push(nfs.threads.to_string());
     run("rpc.nfsd", &args.iter().map(String::as_str).collect::<Vec<_>>())?;
-    let portlist = Path::new(NFSD_FS).join("portlist");
     if let Some(port) = nfs.rdma_port {
-        if !has_listener(&nfsd::listeners(), "rdma", port) {
-            std::fs::write(&portlist, format!("rdma {port}\n"))
-                .context("adding the RDMA listener (is rpcrdma loaded?)")?;
-        }
-        if !has_listener(&nfsd::listeners(), "rdma", port) {
-            bail!("nfsd has no RDMA listener on {port}");
-        }
+        nfsd::ensure_listener("rdma", port).map_err(|e| anyhow::anyhow!("{e} (is rpcrdma loaded?)"))?;
     }
     if !has_listener(&nfsd::listeners(), "tcp", nfs.tcp_port) {
         bail!("nfsd has no TCP listener on {}", nfs.tcp_port);

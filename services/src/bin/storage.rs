@@ -20,12 +20,9 @@ fn imported(pool: &str) -> bool {
 
 fn up() -> anyhow::Result<()> {
     let plan = plan()?;
-    let mut tunables: Vec<(String, String)> = plan.zfs.tunables.clone().into_iter().collect();
-    if let Some(arc) = plan.zfs.arc_max_bytes {
-        tunables.push(("zfs_arc_max".into(), arc.to_string()));
-    }
-    for (name, value) in &tunables {
-        set_tunable(name, value)?;
+    // The ARC cap and tunables are module options: modprobe applied them when zfs loaded.
+    if let Some(options) = plan.kernel.module_options.get("zfs") {
+        check_tunables(options);
     }
     for pool in &plan.pools {
         ensure_pool(pool)?;
@@ -58,7 +55,11 @@ fn up() -> anyhow::Result<()> {
         say(format!("{}: {}", ds.name, if changed.is_empty() { "as planned".to_string() } else { changed.join(", ") }));
     }
     let _ = run("zfs", &["mount", "-a"]);
-    report()
+    // Saying how the pools stand must not fail the service that just brought them up.
+    if let Err(e) = report() {
+        say(format!("reading pool state: {e:#}"));
+    }
+    Ok(())
 }
 
 /// Says how each pool stands, from `zpool status -j`.
@@ -82,17 +83,34 @@ fn report() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sets a ZFS module parameter, saying when it changed. An unknown name is an error: the recipe
-/// asked for something this ZFS does not have.
-fn set_tunable(name: &str, value: &str) -> anyhow::Result<()> {
-    let path = format!("/sys/module/zfs/parameters/{name}");
-    let now = std::fs::read_to_string(&path)
-        .with_context(|| format!("ZFS has no tunable {name} (no {path}); check the recipe's [zfs] tunables"))?;
-    if now.trim() != value {
-        std::fs::write(&path, value).with_context(|| format!("setting {name}={value}"))?;
-        say(format!("zfs tunable {name}: {} → {value}", now.trim()));
+/// Says whether the running ZFS has the module options the plan gave modprobe; a difference
+/// (a parameter ZFS clamped, or one this ZFS does not have) is reported, not fatal.
+fn check_tunables(options: &std::collections::BTreeMap<String, String>) {
+    let mut differ = Vec::new();
+    for (name, want) in options {
+        let path = format!("/sys/module/zfs/parameters/{name}");
+        match std::fs::read_to_string(&path) {
+            Ok(now) if same_value(now.trim(), want) => {}
+            Ok(now) => differ.push(format!("{name} is {} (planned {want})", now.trim())),
+            Err(_) => differ.push(format!("{name} does not exist in this ZFS (planned {want})")),
+        }
     }
-    Ok(())
+    if differ.is_empty() {
+        say(format!(
+            "zfs tunables as planned: {}",
+            options.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        ));
+    } else {
+        say(format!("zfs tunables differ from the plan: {}", differ.join("; ")));
+    }
+}
+
+/// Numbers compare as numbers ("05" is 5), anything else as text.
+fn same_value(now: &str, want: &str) -> bool {
+    match (now.parse::<i128>(), want.parse::<i128>()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => now == want,
+    }
 }
 
 /// `zfs get -p` prints sizes in bytes; the plan may say "2G".
@@ -114,9 +132,13 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
         }
         Err(e) => {
             // A pool that is on the bays but will not import is never created over: say why
-            // and what the operator can do, and leave the disks alone.
-            let scan = run("zpool", &["import", "-d", BAY_DIR]).unwrap_or_default();
-            if importable_names(&scan).iter().any(|n| n == &pool.name) {
+            // and what the operator can do, and leave the disks alone. "No such pool" is the
+            // one answer that means it is not there; anything else is confirmed by a scan.
+            let absent = format!("{e:#}").contains("no such pool available")
+                || !importable_names(&run("zpool", &["import", "-d", BAY_DIR]).unwrap_or_default())
+                    .iter()
+                    .any(|n| n == &pool.name);
+            if !absent {
                 anyhow::bail!(
                     "pool {} is on its bays but did not import: {e:#}. Nothing was changed. If these disks \
                      come from another box that is gone, import it once by hand: \

@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
+use indexmap::IndexMap;
+
 use serde::{Deserialize, Serialize};
 
 pub mod summary;
@@ -60,9 +62,17 @@ pub struct PoolStatus {
     pub action: Option<String>,
     #[serde(default)]
     pub error_count: Option<u64>,
-    /// The root vdev, keyed by the pool's name.
+    /// The root vdev, keyed by the pool's name; children in the order ZFS lists them.
     #[serde(default)]
-    pub vdevs: BTreeMap<String, Vdev>,
+    pub vdevs: IndexMap<String, Vdev>,
+    /// Hot spares, cache and log devices, when the pool has them (kept apart from the data
+    /// vdevs by `zpool status`).
+    #[serde(default)]
+    pub spares: IndexMap<String, Vdev>,
+    #[serde(default)]
+    pub l2cache: IndexMap<String, Vdev>,
+    #[serde(default)]
+    pub logs: IndexMap<String, Vdev>,
     /// Scrub/resilver progress; kept as JSON since nasos only shows it.
     #[serde(default)]
     pub scan_stats: Option<serde_json::Value>,
@@ -91,7 +101,7 @@ pub struct Vdev {
     #[serde(default)]
     pub slow_ios: Option<u64>,
     #[serde(default)]
-    pub vdevs: BTreeMap<String, Vdev>,
+    pub vdevs: IndexMap<String, Vdev>,
 }
 
 /// A property's value: a number with `--json-int` where ZFS has one, else text ("-", "1.00x").
@@ -236,10 +246,11 @@ pub fn pool_properties(props: &[&str]) -> Result<PoolList, Error> {
     parse_pool_list(&out)
 }
 
-/// Dataset properties (`zfs get`), for `datasets` (all when empty).
+/// Filesystem and volume properties (`zfs get`), for `datasets` (all when empty; snapshots,
+/// which can be thousands, are left out).
 pub fn dataset_properties(props: &[&str], datasets: &[&str]) -> Result<DatasetList, Error> {
     let list = props.join(",");
-    let mut args = vec!["get", "-j", "--json-int", list.as_str()];
+    let mut args = vec!["get", "-j", "--json-int", "-t", "filesystem,volume", list.as_str()];
     args.extend(datasets);
     parse_datasets(&run("zfs", &args)?)
 }

@@ -14,7 +14,8 @@ pub struct Member {
     pub errors: u64,
 }
 
-/// Every leaf disk of a pool, in the order ZFS lists them.
+/// Every leaf disk of a pool, in the order ZFS lists them: data vdevs, then logs, cache and
+/// spares.
 pub fn members(pool: &PoolStatus) -> Vec<Member> {
     let mut out = Vec::new();
     for root in pool.vdevs.values() {
@@ -23,6 +24,15 @@ pub fn members(pool: &PoolStatus) -> Vec<Member> {
                 out.push(leaf(group, "-"));
             }
             collect(group, group_name, &mut out);
+        }
+    }
+    for (class, devices) in [("logs", &pool.logs), ("cache", &pool.l2cache), ("spare", &pool.spares)] {
+        for (name, v) in devices {
+            if v.vdevs.is_empty() {
+                out.push(leaf(v, class));
+            }
+            // A mirrored log is a group of its own.
+            collect(v, if v.vdevs.is_empty() { class } else { name }, &mut out);
         }
     }
     out
@@ -52,4 +62,40 @@ fn leaf(v: &Vdev, group: &str) -> Member {
 /// Read + write + checksum errors over the whole pool.
 pub fn errors(pool: &PoolStatus) -> u64 {
     members(pool).iter().map(|m| m.errors).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf_json(name: &str) -> String {
+        format!(
+            r#""{name}":{{"name":"{name}","vdev_type":"disk","guid":1,"state":"ONLINE","read_errors":0,"write_errors":0,"checksum_errors":{}}}"#,
+            if name.ends_with("BAY03") { 2 } else { 0 }
+        )
+    }
+
+    #[test]
+    fn members_keep_zfs_order_and_include_spares() {
+        // The shape of zpool status -j, cut down; the spares key is modelled on the text output.
+        let json = format!(
+            r#"{{"output_version":{{"command":"zpool status","vers_major":0,"vers_minor":1}},"pools":{{"t":{{"name":"t","state":"ONLINE","pool_guid":2,"txg":1,
+            "vdevs":{{"t":{{"name":"t","vdev_type":"root","guid":2,"state":"ONLINE","vdevs":{{
+              "raidz2-10":{{"name":"raidz2-10","vdev_type":"raidz","guid":3,"state":"ONLINE","vdevs":{{{},{}}}}},
+              "raidz2-2":{{"name":"raidz2-2","vdev_type":"raidz","guid":4,"state":"ONLINE","vdevs":{{{}}}}}}}}}}},
+            "spares":{{{}}}}}}}}}"#,
+            leaf_json("disk/by-bay/BAY01"),
+            leaf_json("disk/by-bay/BAY02"),
+            leaf_json("disk/by-bay/BAY03"),
+            leaf_json("disk/by-bay/BAY12"),
+        );
+        let s = crate::parse_status(&json).expect("parses");
+        let m = members(&s.pools["t"]);
+        let got: Vec<(&str, &str)> = m.iter().map(|m| (m.disk.as_str(), m.group.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![("BAY01", "raidz2-10"), ("BAY02", "raidz2-10"), ("BAY03", "raidz2-2"), ("BAY12", "spare")]
+        );
+        assert_eq!(errors(&s.pools["t"]), 2);
+    }
 }
