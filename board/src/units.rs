@@ -22,7 +22,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// Formats bytes with the largest binary suffix that divides them exactly ("256M", "192G").
 pub fn format_size(bytes: u64) -> String {
     for (suffix, shift) in [("P", 50), ("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{suffix}", bytes >> shift);
         }
     }

@@ -6,7 +6,7 @@
 //! one build per process and one stage at a time.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -84,34 +84,53 @@ pub fn run_tool(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {what}"))?;
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    // (line, is_frame): a frame ends in a carriage return (a tool redrawing its progress) and
+    // is only worth showing on a terminal; a line ends in a newline.
+    let (tx, rx) = std::sync::mpsc::channel::<(String, bool)>();
     let mut readers = Vec::new();
     let out: Option<Box<dyn Read + Send>> = child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>);
     let err: Option<Box<dyn Read + Send>> = child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>);
     for stream in [out, err].into_iter().flatten() {
         let tx = tx.clone();
         readers.push(std::thread::spawn(move || {
-            for line in BufReader::new(stream).split(b'\n').map_while(Result::ok) {
-                // Tools redraw with carriage returns; the last frame is the one worth showing.
-                let line = String::from_utf8_lossy(&line);
-                let line = line.rsplit('\r').find(|s| !s.trim().is_empty()).unwrap_or("").trim_end();
-                if tx.send(line.to_string()).is_err() {
-                    break;
+            let mut r = BufReader::new(stream);
+            let mut buf = [0u8; 4096];
+            let mut line = Vec::new();
+            let send = |line: &mut Vec<u8>, frame: bool| {
+                let text = String::from_utf8_lossy(line).trim().to_string();
+                line.clear();
+                text.is_empty() || tx.send((text, frame)).is_ok()
+            };
+            loop {
+                let n = match r.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                for &b in &buf[..n] {
+                    match b {
+                        b'\n' | b'\r' => {
+                            if !send(&mut line, b == b'\r') {
+                                return;
+                            }
+                        }
+                        _ => line.push(b),
+                    }
                 }
             }
+            send(&mut line, false);
         }));
     }
     drop(tx);
     let shown = current().is_some_and(|b| !b.is_hidden());
     let mut tail = VecDeque::with_capacity(TAIL);
-    for line in rx {
-        if line.is_empty() {
-            continue;
-        }
-        if !shown || is_notice(&line) {
-            say(&format!("  {line}"));
-        } else {
+    for (line, frame) in rx {
+        if shown && !is_notice(&line) {
             status(&line);
+        } else if !frame {
+            say(&format!("  {line}"));
+        }
+        if frame {
+            continue;
         }
         if tail.len() == TAIL {
             tail.pop_front();
@@ -132,7 +151,9 @@ pub fn run_tool(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
 /// Lines a person must see even while a spinner hides the rest.
 fn is_notice(line: &str) -> bool {
     let l = line.trim_start();
-    l.starts_with("W:") || l.starts_with("E:") || l.contains("error") || l.contains("Error") || l.contains("warning:")
+    l.starts_with("W:")
+        || l.starts_with("E:")
+        || ["error:", "Error:", "ERROR:", "warning:"].iter().any(|w| l.contains(w))
 }
 
 #[cfg(test)]
@@ -157,9 +178,21 @@ mod tests {
     }
 
     #[test]
+    fn progress_frames_are_not_logged_as_lines() {
+        // A tool redrawing with carriage returns, then finishing a line: only the line counts.
+        let err =
+            run_tool(Command::new("sh").args(["-c", "printf ' (10/100%%)\\r (90/100%%)\\rdone\\n'; exit 1"]), "t")
+                .expect_err("fails");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("done") && !msg.contains("90/100"), "{msg}");
+    }
+
+    #[test]
     fn notices_are_recognised() {
         assert!(is_notice("W: Download is performed unsandboxed"));
         assert!(is_notice("E: Unable to locate package"));
         assert!(!is_notice("I: running --customize-hook"));
+        assert!(!is_notice("Setting up liberror-perl (0.17029-2) ..."));
+        assert!(is_notice("make: *** [Makefile] error: 2"));
     }
 }

@@ -63,6 +63,15 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
         },
         None => None,
     };
+    if let Some((path, c)) = &client
+        && (c.plan().links.is_empty() || nas.plan().links.is_empty())
+    {
+        bail!(
+            "{} and {} each need a network link to meet on ([[network.links]])",
+            opts.recipe.display(),
+            path.display()
+        );
+    }
     let (state, disk) = prepare(&opts.recipe, &nas, opts.state.clone())?;
     let client_vm = match &client {
         Some((path, c)) => Some((prepare(path, c, opts.state.as_ref().map(|s| s.join("client")))?, c)),
@@ -99,10 +108,6 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
     if let Some(((cstate, cdisk), c)) = client_vm {
         // The client's links plug into the appliance's, in order, once the appliance listens.
         let cplan = c.plan();
-        if cplan.links.is_empty() || links.is_empty() {
-            kill(&mut appliance);
-            bail!("the client and the appliance each need a network link to meet on");
-        }
         let t = Instant::now();
         while !links.iter().all(|l| l.socket.exists()) {
             if t.elapsed() > Duration::from_secs(30) || appliance.try_wait()?.is_some() {

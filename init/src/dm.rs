@@ -59,7 +59,7 @@ fn target(start: u64, sectors: u64, kind: &str, params: &str) -> Vec<u8> {
     spec[24..24 + kind.len().min(15)].copy_from_slice(&kind[..kind.len().min(15)]);
     spec.extend_from_slice(params.as_bytes());
     spec.push(0);
-    while spec.len() % 8 != 0 {
+    while !spec.len().is_multiple_of(8) {
         spec.push(0);
     }
     // `next`: offset to the next spec, from the start of this one.

@@ -175,8 +175,22 @@ impl Vm {
                 }
             }
         };
-        let reader = console.try_clone()?;
-        let mut record = std::fs::File::create(transcript)?;
+        let opened = console.try_clone().map_err(anyhow::Error::from).and_then(|reader| {
+            let record = std::fs::File::create(transcript)
+                .with_context(|| format!("creating the transcript {}", transcript.display()))?;
+            Ok((reader, record))
+        });
+        let (reader, mut record) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                // Nobody would hold the VM's console: do not leave it running.
+                if let Some(c) = owner.as_mut() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(e);
+            }
+        };
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             let mut r = BufReader::new(reader);

@@ -12,10 +12,11 @@ use nasos_tests::{Pair, digest, mount_train, ok, repo};
 
 #[test]
 fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
-    let Pair { mut nas, mut gpu, .. } = Pair::start(&repo().join("build/e2e/datapath"));
+    let mut pair = Pair::start(&repo().join("build/e2e/datapath"));
+    let Pair { nas, gpu, .. } = &mut pair;
 
     // What runs, as nasctl shows it.
-    let pools = json(&ok(&mut nas, "nasctl pools --json"));
+    let pools = json(&ok(nas, "nasctl pools --json"));
     let tank = &pools[0];
     assert_eq!(tank["name"], "tank");
     assert_eq!(tank["state"], "ONLINE");
@@ -25,7 +26,7 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     assert!(tank["guid"].as_u64().is_some_and(|g| g > 0), "{tank}");
     let train = tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/train").cloned();
     assert_eq!(train.as_ref().map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
-    let exports = json(&ok(&mut nas, "nasctl exports --json"));
+    let exports = json(&ok(nas, "nasctl exports --json"));
     let listeners = exports["listeners"].to_string();
     assert!(listeners.contains("\"rdma\"") && listeners.contains("20049") && listeners.contains("2049"), "{exports}");
     assert!(exports["threads"].as_u64().is_some_and(|t| t > 0), "{exports}");
@@ -38,7 +39,7 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
         .unwrap_or_else(|| panic!("train not exported: {exports}"));
     assert_eq!(train_export["client"], "10.77.0.0/24");
     assert!(train_export["options"].to_string().contains("root_squash"), "{train_export}");
-    let fabric = json(&ok(&mut nas, "nasctl fabric --json"));
+    let fabric = json(&ok(nas, "nasctl fabric --json"));
     let data0 = &fabric[0];
     assert_eq!(data0["link"], "data0");
     assert_eq!(data0["mtu"], 9000);
@@ -65,48 +66,56 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     assert_eq!(scratch.map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
 
     // A directory a non-root user owns (root is squashed).
-    ok(&mut nas, "install -d -o 1000 -g 1000 /export/tank/train/job");
+    ok(nas, "install -d -o 1000 -g 1000 /export/tank/train/job");
 
     // One transport at a time: an NFSv4.1+ client trunks a second mount of the same server onto
     // the transport it already has, so a TCP mount beside an RDMA one would ride RDMA too.
     let mut written = Vec::new();
     for m in ["rdma", "tcp"] {
         let dir = format!("/tmp/mnt-{m}");
-        mount_train(&mut gpu, m, &dir);
+        mount_train(gpu, m, &dir);
         let blob = format!("{dir}/job/blob-{m}");
         let as_user = "setpriv --reuid=1000 --regid=1000 --clear-groups";
-        ok(&mut gpu, &format!("{as_user} dd if=/dev/urandom of={blob} bs=1M count=16 status=none"));
-        let local = digest(&ok(&mut gpu, &format!("sync; sha256sum < {blob}")));
-        ok(&mut gpu, "sync; echo 3 > /proc/sys/vm/drop_caches");
-        let again = digest(&ok(&mut gpu, &format!("sha256sum < {blob}")));
+        ok(gpu, &format!("{as_user} dd if=/dev/urandom of={blob} bs=1M count=16 status=none"));
+        let local = digest(&ok(gpu, &format!("sync; sha256sum < {blob}")));
+        ok(gpu, "sync; echo 3 > /proc/sys/vm/drop_caches");
+        let again = digest(&ok(gpu, &format!("sha256sum < {blob}")));
         assert_eq!(local, again, "{m}: the data read back differs");
-        let there = digest(&ok(&mut nas, &format!("sha256sum < /export/tank/train/job/blob-{m}")));
+        let there = digest(&ok(nas, &format!("sha256sum < /export/tank/train/job/blob-{m}")));
         assert_eq!(local, there, "{m}: the appliance holds different bytes");
         // root_squash: root on the client cannot write as root.
         let (out, code) = gpu.run(&format!("touch {dir}/rootfile"), Duration::from_secs(120)).expect("touch");
         assert_ne!(code, 0, "root wrote through root_squash on {m}: {out}");
         assert!(out.contains("Permission denied"), "{out}");
-        ok(&mut gpu, &format!("umount {dir}"));
+        ok(gpu, &format!("umount {dir}"));
         written.push((format!("blob-{m}"), local));
     }
 
     // nfsd restarted behind the service's back comes up with TCP only; the RDMA listener is
     // put back, and an RDMA client reads again.
-    ok(&mut nas, "echo 0 > /proc/fs/nfsd/threads; echo 8 > /proc/fs/nfsd/threads");
+    ok(nas, "echo 0 > /proc/fs/nfsd/threads; echo 8 > /proc/fs/nfsd/threads");
     let mut portlist = String::new();
     for _ in 0..30 {
-        portlist = ok(&mut nas, "cat /proc/fs/nfsd/portlist");
+        portlist = ok(nas, "cat /proc/fs/nfsd/portlist");
         if portlist.contains("rdma 20049") {
             break;
         }
         std::thread::sleep(Duration::from_secs(1));
     }
     assert!(portlist.contains("rdma 20049"), "the RDMA listener was not re-added: {portlist}");
-    let log = ok(&mut nas, "nasctl logs nfs");
+    // The service logs after it re-adds; nasinit collects the line a moment later.
+    let mut log = String::new();
+    for _ in 0..20 {
+        log = ok(nas, "nasctl logs nfs");
+        if log.contains("re-added rdma 20049") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     assert!(log.contains("re-added rdma 20049"), "{log}");
-    mount_train(&mut gpu, "rdma", "/tmp/mnt-rdma");
-    assert_eq!(digest(&ok(&mut gpu, "sha256sum < /tmp/mnt-rdma/job/blob-rdma")), written[0].1);
-    ok(&mut gpu, "umount /tmp/mnt-rdma");
+    mount_train(gpu, "rdma", "/tmp/mnt-rdma");
+    assert_eq!(digest(&ok(gpu, "sha256sum < /tmp/mnt-rdma/job/blob-rdma")), written[0].1);
+    ok(gpu, "umount /tmp/mnt-rdma");
 
     // The appliance reboots: its pool is imported from the bays, not created again, and the
     // client reads what it wrote before.
@@ -117,13 +126,13 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready again after reboot");
     eprintln!("reboot to ready: {:.1}s", t.elapsed().as_secs_f64());
     nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
-    eprintln!("{}", ok(&mut nas, "nasctl timeline"));
-    let log = ok(&mut nas, "nasctl logs storage");
+    eprintln!("{}", ok(nas, "nasctl timeline"));
+    let log = ok(nas, "nasctl logs storage");
     assert!(log.contains("tank: imported from its bays"), "{log}");
     assert!(!log.contains("created"), "something was created on reboot: {log}");
-    mount_train(&mut gpu, "tcp", "/tmp/mnt-tcp");
+    mount_train(gpu, "tcp", "/tmp/mnt-tcp");
     for (name, sum) in &written {
-        assert_eq!(&digest(&ok(&mut gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after reboot");
+        assert_eq!(&digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after reboot");
     }
 
     // A power cut (QMP system_reset: no export, no sync) with the client still mounted: the
@@ -136,18 +145,13 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready after the power cut");
     eprintln!("power cut to ready: {:.1}s", t.elapsed().as_secs_f64());
     nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
-    let log = ok(&mut nas, "nasctl logs storage");
+    let log = ok(nas, "nasctl logs storage");
     assert!(log.contains("tank: imported from its bays"), "{log}");
     for (name, sum) in &written {
-        assert_eq!(
-            &digest(&ok(&mut gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))),
-            sum,
-            "{name} after power cut"
-        );
+        assert_eq!(&digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after power cut");
     }
-    ok(&mut gpu, "umount /tmp/mnt-tcp");
-    gpu.kill();
-    nas.kill();
+    ok(gpu, "umount /tmp/mnt-tcp");
+    pair.kill();
 }
 
 /// The JSON a command printed (after anything the console added before it).

@@ -191,7 +191,8 @@ fn print_services(list: &[ServiceInfo]) {
     }
 }
 
-/// Bytes as `zfs list` prints them: 1024-based, one decimal, the largest unit that fits.
+/// Bytes as `zfs list` prints them: 1024-based, three significant digits, the largest unit
+/// that fits (`512B`, `1.31M`, `47.0G`, `192K`).
 fn gib(bytes: Option<u64>) -> String {
     let Some(b) = bytes else { return "-".into() };
     let units = ["B", "K", "M", "G", "T", "P"];
@@ -201,13 +202,12 @@ fn gib(bytes: Option<u64>) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{b}B") } else { format!("{v:.1}{}", units[u]) }
-}
-
-/// Options once each, in the order first given (mountd writes some twice into etab).
-fn unique(options: &[String]) -> String {
-    let mut seen = std::collections::HashSet::new();
-    options.iter().filter(|o| seen.insert(o.as_str())).cloned().collect::<Vec<_>>().join(",")
+    match (u, v) {
+        (0, _) => format!("{b}B"),
+        (_, v) if v < 10.0 => format!("{v:.2}{}", units[u]),
+        (_, v) if v < 100.0 => format!("{v:.1}{}", units[u]),
+        _ => format!("{v:.0}{}", units[u]),
+    }
 }
 
 fn show_pools(json: bool) -> anyhow::Result<()> {
@@ -258,7 +258,7 @@ fn show_exports(json: bool) -> anyhow::Result<()> {
         if listeners.is_empty() { "nothing".to_string() } else { listeners.join(", ") }
     );
     for e in &s.exports {
-        println!("  {:<28} {:<18} {}", e.path, e.client, unique(&e.options));
+        println!("  {:<28} {:<18} {}", e.path, e.client, e.options.join(","));
     }
     Ok(())
 }
@@ -294,14 +294,9 @@ mod tests {
     fn sizes_read_like_zfs_list() {
         assert_eq!(gib(None), "-");
         assert_eq!(gib(Some(512)), "512B");
-        assert_eq!(gib(Some(1_374_912)), "1.3M");
-        assert_eq!(gib(Some(2 << 30)), "2.0G");
+        assert_eq!(gib(Some(1_374_912)), "1.31M");
+        assert_eq!(gib(Some(2 << 30)), "2.00G");
         assert_eq!(gib(Some(50_465_865_728)), "47.0G");
-    }
-
-    #[test]
-    fn etab_options_are_shown_once() {
-        let o: Vec<String> = ["rw", "sync", "root_squash", "rw", "root_squash"].map(String::from).to_vec();
-        assert_eq!(unique(&o), "rw,sync,root_squash");
+        assert_eq!(gib(Some(196_416)), "192K");
     }
 }

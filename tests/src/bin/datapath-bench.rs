@@ -16,7 +16,7 @@ const USER: &str = "setpriv --reuid=1000 --regid=1000 --clear-groups";
 fn main() {
     let mut args = std::env::args().skip(1);
     let mib: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
-    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
     let dir = repo().join("build/bench/datapath");
     eprintln!("nasos-datapath-bench: booting the appliance and the client (TCG: a few minutes)");
     let mut pair = Pair::start(&dir);

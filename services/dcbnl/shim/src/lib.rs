@@ -123,7 +123,7 @@ fn shim() -> MutexGuard<'static, Shim> {
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
     let s = s.trim();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("odd-length hex {s:?}"));
     }
     (0..s.len())
