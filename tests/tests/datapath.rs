@@ -94,24 +94,10 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     // nfsd restarted behind the service's back comes up with TCP only; the RDMA listener is
     // put back, and an RDMA client reads again.
     ok(nas, "echo 0 > /proc/fs/nfsd/threads; echo 8 > /proc/fs/nfsd/threads");
-    let mut portlist = String::new();
-    for _ in 0..30 {
-        portlist = ok(nas, "cat /proc/fs/nfsd/portlist");
-        if portlist.contains("rdma 20049") {
-            break;
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    let portlist = poll(nas, "cat /proc/fs/nfsd/portlist", "rdma 20049", Duration::from_secs(30));
     assert!(portlist.contains("rdma 20049"), "the RDMA listener was not re-added: {portlist}");
     // The service logs after it re-adds; nasinit collects the line a moment later.
-    let mut log = String::new();
-    for _ in 0..20 {
-        log = ok(nas, "nasctl logs nfs");
-        if log.contains("re-added rdma 20049") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let log = poll(nas, "nasctl logs nfs", "re-added rdma 20049", Duration::from_secs(10));
     assert!(log.contains("re-added rdma 20049"), "{log}");
     mount_train(gpu, "rdma", "/tmp/mnt-rdma");
     assert_eq!(digest(&ok(gpu, "sha256sum < /tmp/mnt-rdma/job/blob-rdma")), written[0].1);
@@ -152,6 +138,18 @@ fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
     }
     ok(gpu, "umount /tmp/mnt-tcp");
     pair.kill();
+}
+
+/// Runs `cmd` until its output contains `needle` or `within` has passed; returns the last output.
+fn poll(vm: &mut nasos_qemu::Vm, cmd: &str, needle: &str, within: Duration) -> String {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let out = ok(vm, cmd);
+        if out.contains(needle) || std::time::Instant::now() >= deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// The JSON a command printed (after anything the console added before it).
