@@ -9,19 +9,11 @@ use serde::{Deserialize, Serialize};
 use crate::board::{Board, DeviceMatch, RdmaKind};
 use crate::recipe::{Access, CreatePolicy, NfsVersion, Recipe, RootLogin, VdevKind};
 use crate::units::{format_size, parse_size};
+use nasos_layout::agents;
+use nasos_layout::paths::{BAY_DIR, EXPORT_ROOT, NASINIT};
 
 /// Bumped whenever the plan's JSON changes incompatibly.
 pub const PLAN_VERSION: u32 = 1;
-/// Where the plan lives inside the image.
-pub const PLAN_PATH: &str = "/usr/lib/nasos/plan.json";
-/// Where nasinit lives inside the image (the kernel runs it as init).
-pub const NASINIT_PATH: &str = "/usr/sbin/nasinit";
-/// Where the service binaries live inside the image.
-pub const SERVICE_DIR: &str = "/usr/lib/nasos";
-/// Datasets are mounted below this tmpfs, since the root filesystem is read-only.
-pub const EXPORT_ROOT: &str = "/export";
-/// Stable names for bays, created by nasinit from the bay map.
-pub const BAY_DIR: &str = "/dev/disk/by-bay";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -659,7 +651,6 @@ fn console_service(login: RootLogin, device: &str, baud: u32) -> Option<Service>
 
 /// The service graph. Order matters: it is a valid start order, and shutdown runs it backwards.
 fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
-    let bin = |name: &str, verb: &str| vec![format!("{SERVICE_DIR}/nasos-{name}"), verb.to_string()];
     let oneshot = RestartPolicy {
         when: Restart::OnFailure,
         backoff_initial_ms: 1000,
@@ -687,24 +678,38 @@ fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
     };
     // Modules load in a supervised oneshot, not in PID 1 itself: a hung modprobe then shows up
     // as a service that does not become ready, instead of a box that does not boot.
-    let load_modules = vec![NASINIT_PATH.to_string(), "load-modules".to_string()];
+    let load_modules = vec![NASINIT.to_string(), agents::NASINIT_LOAD_MODULES.to_string()];
     let modules_policy = RestartPolicy { start_limit: 3, ..oneshot.clone() };
     // udev names devices the way libzfs waits for them (a pool's partitions), and loads drivers
     // for what it finds. systemd-udevd speaks sd_notify.
     add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[]);
     add("modules", load_modules, Readiness::Exited, &modules_policy, None, &["udev"]);
     if network {
-        add("fabric", bin("fabric", "up"), Readiness::Exited, &oneshot, None, &["modules"]);
+        add("fabric", agents::FABRIC.command("up"), Readiness::Exited, &oneshot, None, &["modules"]);
     }
     if storage {
-        add("storage", bin("storage", "up"), Readiness::Exited, &oneshot, Some(bin("storage", "export")), &["modules"]);
+        add(
+            "storage",
+            agents::STORAGE.command("up"),
+            Readiness::Exited,
+            &oneshot,
+            Some(agents::STORAGE.command("export")),
+            &["modules"],
+        );
     }
     if nfs {
-        add("nfs", bin("nfs", "serve"), Readiness::Notify, &daemon, None, &["storage", "fabric"]);
+        add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &["storage", "fabric"]);
     }
-    add("health", bin("health", "run"), Readiness::Notify, &daemon, None, &["modules", "storage", "nfs"]);
+    add("health", agents::HEALTH.command("run"), Readiness::Notify, &daemon, None, &["modules", "storage", "nfs"]);
     let never = RestartPolicy { when: Restart::Never, ..oneshot.clone() };
-    add("bless", bin("upgrade", "bless"), Readiness::Exited, &never, None, &["fabric", "storage", "nfs", "health"]);
+    add(
+        "bless",
+        agents::UPGRADE.command("bless"),
+        Readiness::Exited,
+        &never,
+        None,
+        &["fabric", "storage", "nfs", "health"],
+    );
     out
 }
 

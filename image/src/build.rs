@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use nasos_board::Plan;
+use nasos_layout::cmdline::RootArgs;
+use nasos_layout::entry;
+use nasos_layout::paths::initramfs as initrd_paths;
 
 use crate::disk::{self, Guids, Layout};
 use crate::initramfs::{Cpio, Entry};
@@ -113,7 +116,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let verity_file = opts.out.join("verity.txt");
     let mut k = Key::new("root");
     k.str(STAGE_LOGIC).str(&tool).str(&key.hex()).str(&plan_json);
-    for (src, _) in &bins.files {
+    for src in bins.all() {
         k.file(src)?;
     }
     if let Some(d) = &zfs_dir {
@@ -127,8 +130,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         }
         let (kept, removed) = root::prune_modules(&tree, &kernel_release, plan)?;
         let tree_mib = root::tree_size(&tree) >> 20;
-        let nasinit = tree.join(nasos_board::plan::NASINIT_PATH.trim_start_matches('/'));
-        initramfs(&tree, &kernel_release, plan, &nasinit, &initrd)?;
+        initramfs(&tree, &kernel_release, plan, &bins.initramfs_init, &initrd)?;
         std::fs::copy(tree.join("boot").join(format!("vmlinuz-{kernel_release}")), &vmlinuz)
             .context("copying the kernel")?;
         let tmp = crate::stage::tmp_path(&root_img);
@@ -136,7 +138,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         let erofs_mib = mib(&tmp);
         let v = root::verity(&tmp)?;
         std::fs::rename(&tmp, &root_img)?;
-        write_atomic(&verity_file, v.cmdline().as_bytes())?;
+        write_atomic(&verity_file, v.to_arg().as_bytes())?;
         std::fs::remove_dir_all(&tree)?;
         if let Some(budget) = plan.image.size_budget_mib
             && erofs_mib > u64::from(budget)
@@ -147,13 +149,16 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     })?;
 
     // UKI.
-    let verity = std::fs::read_to_string(&verity_file)?;
-    let root_hash = verity.trim().trim_start_matches("nasos.verity=").split(':').next().unwrap_or("").to_string();
-    let guids = Guids::derive(&root_hash);
+    // The root stage's record of its verity parameters, read back through the same contract the
+    // initramfs uses: a record that does not parse is a broken cache, not a boot failure later.
+    let verity_arg = std::fs::read_to_string(&verity_file)?;
+    let verity = RootArgs::parse(&verity_arg)
+        .with_context(|| format!("{} is not a verity record; rerun with --rebuild", verity_file.display()))?
+        .verity;
+    let guids = Guids::derive(&verity.root_hash)?;
     let mut cmdline: Vec<String> = plan.kernel.cmdline.clone();
     cmdline.push("loglevel=4".into());
-    cmdline.push(format!("nasos.root=PARTUUID={}", guids.root_a));
-    cmdline.push(verity.trim().to_string());
+    cmdline.extend(RootArgs { verity: verity.clone(), init: None }.to_args());
     let cmdline = cmdline.join(" ");
     let uki_path = opts.out.join("nasos.efi");
     let mut k = Key::new("uki");
@@ -176,7 +181,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let disk_raw = opts.out.join("disk.img");
     let disk_qcow2 = opts.out.join("disk.qcow2");
     let slot_mib = plan.image.size_budget_mib.map_or(DEFAULT_SLOT_MIB, u64::from);
-    let entry = format!("EFI/Linux/nasos-{}+{}.efi", plan.image.version, plan.upgrade.boot_tries);
+    let entry = entry::counted_path(&plan.image.version, plan.upgrade.boot_tries);
     let mut k = Key::new("disk");
     k.str(STAGE_LOGIC).str(&tool).str(&entry).str(&format!("{ESP_MIB}/{slot_mib}/{DATA_MIB}/{epoch}"));
     k.file(&uki_path)?.file(&root_img)?.file(Path::new(BOOT_EFI))?;
@@ -213,19 +218,21 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     Ok(Outputs { disk_raw, disk_qcow2, uki: uki_path, stages })
 }
 
-/// Writes the initramfs: nasinit as /init, its libraries from the image, the boot modules.
-fn initramfs(tree: &Path, kernel_release: &str, plan: &Plan, nasinit: &Path, out: &Path) -> anyhow::Result<()> {
+/// Writes the initramfs: its init program, that program's libraries from the image, the boot
+/// modules.
+fn initramfs(tree: &Path, kernel_release: &str, plan: &Plan, init: &Path, out: &Path) -> anyhow::Result<()> {
     let mut c = Cpio::default();
-    c.add("/init", Entry::File { data: std::fs::read(nasinit)?, mode: 0o755 });
+    c.add(initrd_paths::INIT, Entry::File { data: std::fs::read(init)?, mode: 0o755 });
     c.add("/dev/console", Entry::CharDev { major: 5, minor: 1, mode: 0o600 });
-    c.add(nasos_init::initramfs::MARKER, Entry::File { data: b"NAME=nasos-initramfs\n".to_vec(), mode: 0o644 });
-    for lib in crate::initramfs::needed_libraries(nasinit)? {
+    c.add(initrd_paths::MARKER, Entry::File { data: b"NAME=nasos-initramfs\n".to_vec(), mode: 0o644 });
+    for lib in crate::initramfs::needed_libraries(init)? {
         let (src, dest) = if lib.starts_with("ld-linux") {
             (tree.join("usr/lib/x86_64-linux-gnu").join(&lib), format!("/lib64/{lib}"))
         } else {
             (tree.join("usr/lib/x86_64-linux-gnu").join(&lib), format!("/lib/x86_64-linux-gnu/{lib}"))
         };
-        let data = std::fs::read(&src).with_context(|| format!("nasinit needs {lib}, which the image lacks"))?;
+        let data =
+            std::fs::read(&src).with_context(|| format!("the initramfs init needs {lib}, which the image lacks"))?;
         c.add(&dest, Entry::File { data, mode: 0o755 });
     }
     let mut wanted = plan.kernel.initramfs_modules.clone();
@@ -239,7 +246,7 @@ fn initramfs(tree: &Path, kernel_release: &str, plan: &Plan, nasinit: &Path, out
         list.push_str(&dest);
         list.push('\n');
     }
-    c.add(nasos_init::initramfs::MODULE_LIST, Entry::File { data: list.into_bytes(), mode: 0o644 });
+    c.add(initrd_paths::MODULE_LIST, Entry::File { data: list.into_bytes(), mode: 0o644 });
     let tmp = crate::stage::tmp_path(out);
     let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
     c.write(&mut f)?;

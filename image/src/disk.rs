@@ -10,6 +10,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use gpt::partition::Partition;
 use gpt::partition_types;
+use nasos_layout::slot;
 
 pub const SECTOR: u64 = 512;
 const MIB: u64 = 1 << 20;
@@ -31,7 +32,10 @@ pub struct Guids {
 }
 
 impl Guids {
-    pub fn derive(seed: &str) -> Guids {
+    /// The partitions' GUIDs for a build whose root has this verity root hash: root-A's by the
+    /// slot contract (the hash's first 128 bits), the others derived from the hash.
+    pub fn derive(root_hash: &str) -> anyhow::Result<Guids> {
+        let seed = root_hash;
         use sha2::{Digest, Sha256};
         let g = |what: &str| {
             let d = Sha256::digest(format!("{seed}/{what}").as_bytes());
@@ -42,7 +46,10 @@ impl Guids {
             b[8] = (b[8] & 0x3f) | 0x80;
             uuid::Uuid::from_bytes(b)
         };
-        Guids { disk: g("disk"), esp: g("esp"), root_a: g("root-a"), root_b: g("root-b"), data: g("data") }
+        let root_a = slot::root_partuuid(root_hash)
+            .with_context(|| format!("the verity root hash {root_hash} is not 128 bits of hex or more"))?;
+        let root_a = uuid::Uuid::parse_str(&root_a)?;
+        Ok(Guids { disk: g("disk"), esp: g("esp"), root_a, root_b: g("root-b"), data: g("data") })
     }
 }
 
@@ -83,6 +90,11 @@ pub fn build(
         .with_context(|| format!("creating {}", out.display()))?;
     f.set_len(total)?;
 
+    let ty = |guid: &str| -> anyhow::Result<partition_types::Type> {
+        Ok(partition_types::Type { guid: uuid::Uuid::parse_str(guid)?, os: partition_types::OperatingSystem::None })
+    };
+    let (esp_type, root_type, data_type) =
+        (ty(slot::TYPE_ESP)?, ty(slot::TYPE_ROOT_X86_64)?, ty(slot::TYPE_LINUX_DATA)?);
     let part = |ty: partition_types::Type, guid: uuid::Uuid, start: u64, mib: u64, name: &str| Partition {
         part_type_guid: ty,
         part_guid: guid,
@@ -92,10 +104,10 @@ pub fn build(
         name: name.to_string(),
     };
     let mut parts: BTreeMap<u32, Partition> = BTreeMap::new();
-    parts.insert(1, part(partition_types::EFI, guids.esp, esp_start, layout.esp_mib, "esp"));
-    parts.insert(2, part(partition_types::LINUX_ROOT_X64, guids.root_a, a_start, layout.slot_mib, "nasos-root-a"));
-    parts.insert(3, part(partition_types::LINUX_ROOT_X64, guids.root_b, b_start, layout.slot_mib, "nasos-root-b"));
-    parts.insert(4, part(partition_types::LINUX_FS, guids.data, data_start, layout.data_mib, "nasos-data"));
+    parts.insert(1, part(esp_type, guids.esp, esp_start, layout.esp_mib, slot::LABEL_ESP));
+    parts.insert(2, part(root_type.clone(), guids.root_a, a_start, layout.slot_mib, slot::LABEL_ROOT_A));
+    parts.insert(3, part(root_type, guids.root_b, b_start, layout.slot_mib, slot::LABEL_ROOT_B));
+    parts.insert(4, part(data_type, guids.data, data_start, layout.data_mib, slot::LABEL_DATA));
     // Keep the customary 128 entries; the rest are unused.
     for i in 5..=128 {
         parts.insert(i, Partition::zero());
@@ -187,7 +199,7 @@ pub fn data_partition(out: &Path, mib: u64, uuid: &uuid::Uuid, epoch: u64) -> an
     let _ = std::fs::remove_file(out);
     File::create(out)?.set_len(mib * MIB)?;
     let o = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-L", "nasos-data", "-U"])
+        .args(["-q", "-F", "-L", slot::LABEL_DATA, "-U"])
         .arg(uuid.to_string())
         .arg("-E")
         .arg(format!("hash_seed={uuid},root_owner=0:0,lazy_itable_init=0"))

@@ -1,4 +1,4 @@
-//! `nasos`: the host CLI. Turns a board recipe into a plan (and, later, into images and bundles).
+//! `nasos`: the host CLI, a thin layer of argument parsing and printing over `nasos_image`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,20 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use nasos_board::{Loaded, Report, load_recipe_file, schema};
-
-mod build;
-mod disk;
-mod flash;
-mod host;
-mod initramfs;
-mod lock;
-mod progress;
-mod root;
-mod rootfs;
-mod stage;
-mod uki;
-mod vm;
-mod zfs;
+use nasos_image::{build, flash, vm};
 
 #[derive(Parser)]
 #[command(name = "nasos", version, about = "Build and boot nasos, the NFS-over-RDMA storage appliance firmware")]

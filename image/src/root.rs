@@ -10,29 +10,22 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use nasos_board::Plan;
 
-use nasos_board::plan::{NASINIT_PATH, PLAN_PATH};
 use nasos_board::recipe::RootLogin;
+use nasos_layout::agents::{self, Place};
+use nasos_layout::cmdline::Verity;
+use nasos_layout::paths;
 
 use crate::stage::{hex, sha256_file};
 
 pub const BLOCK: u64 = 4096;
 
-/// The binaries nasos puts into an image, from the build host's cargo target directory:
-/// (path on the host, path in the image).
+/// The binaries nasos puts into an image, from the build host's cargo target directory.
 pub struct Binaries {
+    /// Programs of the root filesystem: (path on the host, path in the image).
     pub files: Vec<(PathBuf, String)>,
+    /// The initramfs's init.
+    pub initramfs_init: PathBuf,
 }
-
-/// nasos's own programs and where they go in the image.
-const PROGRAMS: &[(&str, &str)] = &[
-    ("nasinit", NASINIT_PATH),
-    ("nasctl", "/usr/sbin/nasctl"),
-    ("nasos-fabric", "/usr/lib/nasos/nasos-fabric"),
-    ("nasos-storage", "/usr/lib/nasos/nasos-storage"),
-    ("nasos-nfs", "/usr/lib/nasos/nasos-nfs"),
-    ("nasos-health", "/usr/lib/nasos/nasos-health"),
-    ("nasos-upgrade", "/usr/lib/nasos/nasos-upgrade"),
-];
 
 impl Binaries {
     /// Finds them next to the running `nasos` (cargo builds all of a workspace's binaries there).
@@ -40,17 +33,27 @@ impl Binaries {
         let exe = std::env::current_exe().context("locating nasos")?;
         let dir = exe.parent().context("nasos has no directory")?;
         let mut files = Vec::new();
-        for (name, dest) in PROGRAMS {
-            let p = dir.join(name);
+        let mut initramfs_init = None;
+        for program in agents::programs() {
+            let p = dir.join(program.binary);
             if !p.exists() {
                 bail!(
                     "{} is missing: build the whole workspace first (cargo build --release --workspace)",
                     p.display()
                 );
             }
-            files.push((p, dest.to_string()));
+            match program.place {
+                Place::Root => files.push((p, program.dest.to_string())),
+                Place::Initramfs => initramfs_init = Some(p),
+            }
         }
-        Ok(Binaries { files })
+        let initramfs_init = initramfs_init.context("the program list names no initramfs init")?;
+        Ok(Binaries { files, initramfs_init })
+    }
+
+    /// Every file, for cache keys.
+    pub fn all(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|(p, _)| p.as_path()).chain(std::iter::once(self.initramfs_init.as_path()))
     }
 }
 
@@ -65,7 +68,7 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
     for (src, dest) in &bins.files {
         install(tree, src, dest, 0o755)?;
     }
-    write(tree, PLAN_PATH, plan_json.as_bytes(), 0o644)?;
+    write(tree, paths::PLAN, plan_json.as_bytes(), 0o644)?;
     write(tree, "/etc/hostname", format!("{}\n", plan.image.hostname).as_bytes(), 0o644)?;
     write(tree, "/etc/machine-id", b"", 0o444)?;
     write(tree, "/etc/fstab", b"# nasinit mounts what the appliance needs; the root is read-only.\n", 0o644)?;
@@ -74,7 +77,7 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
         n = plan.image.name,
         v = plan.image.version
     );
-    write(tree, "/usr/lib/nasos/os-release", release.as_bytes(), 0o644)?;
+    write(tree, paths::OS_RELEASE, release.as_bytes(), 0o644)?;
     set_root_password(tree, plan)?;
     // The kernel looks for /sbin/init; the initramfs execs nasinit directly, but a rescue boot
     // with init= pointing at the usual place should land in nasinit too.
@@ -213,23 +216,6 @@ pub fn erofs(tree: &Path, out: &Path, epoch: u64, uuid: &str) -> anyhow::Result<
         f.set_len(len.div_ceil(BLOCK) * BLOCK)?;
     }
     Ok(())
-}
-
-/// The verity parameters the initramfs needs to open the root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verity {
-    pub root_hash: String,
-    pub salt: String,
-    pub data_blocks: u64,
-    /// Byte offset of the hash tree in the partition (= data size).
-    pub hash_offset: u64,
-}
-
-impl Verity {
-    /// As carried on the kernel command line: `nasos.verity=ROOTHASH:SALT:DATABLOCKS:HASHOFFSET`.
-    pub fn cmdline(&self) -> String {
-        format!("nasos.verity={}:{}:{}:{}", self.root_hash, self.salt, self.data_blocks, self.hash_offset)
-    }
 }
 
 /// Appends a dm-verity hash tree to an EROFS image, in place. Salt and UUID derive from the data,

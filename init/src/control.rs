@@ -10,9 +10,9 @@ use tokio::net::UnixListener;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use zbus::fdo;
 
-use crate::api::{LogPage, OBJECT_PATH, ServiceInfo, Status, TimelineEntry};
 use crate::console::Console;
 use crate::supervisor::{Request, ShutdownKind};
+use nasos_api::{LogPage, OBJECT_PATH, ServiceInfo, Status, TimelineEntry};
 
 /// Connections served at once; more are closed right away.
 const MAX_CONNECTIONS: usize = 32;

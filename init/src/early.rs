@@ -3,7 +3,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use nasos_board::plan::{BAY_DIR, BayPlan, EXPORT_ROOT};
+use nasos_board::plan::BayPlan;
+use nasos_layout::paths::{BAY_DIR, EXPORT_ROOT};
 use nix::errno::Errno;
 use nix::mount::{MsFlags, mount};
 

@@ -4,15 +4,12 @@
 //! on a service (every wait is a deadline); services run in their own session and cgroup; output
 //! and logs are bounded; a broken request or client cannot stall the supervisor.
 
-pub mod api;
 pub mod cgroup;
 pub mod console;
 pub mod control;
-pub mod dm;
 pub mod early;
 pub mod finish;
 pub mod graph;
-pub mod initramfs;
 pub mod logs;
 pub mod process;
 pub mod run;

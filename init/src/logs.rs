@@ -6,7 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::api::{LogLine, LogPage};
+use nasos_api::{LogLine, LogPage};
 
 /// Longest line kept; the rest of a longer line is dropped with a marker.
 pub const MAX_LINE: usize = 4096;

@@ -15,12 +15,13 @@ use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::api::{LogPage, ServiceInfo, Status, TimelineEntry};
 use crate::cgroup::{self, CgroupRoot};
 use crate::console::Console;
 use crate::graph;
 use crate::logs::{CappedFile, LineSplitter, Ring};
 use crate::process;
+pub use nasos_api::ShutdownKind;
+use nasos_api::{LogPage, ServiceInfo, Status, TimelineEntry};
 
 /// Bytes of recent output kept in memory per service.
 const RING_BYTES: usize = 64 * 1024;
@@ -28,24 +29,6 @@ const RING_BYTES: usize = 64 * 1024;
 const LOG_FILE_CAP: u64 = 1 << 20;
 /// A service that stayed up this long starts its backoff afresh when it next fails.
 const STABLE_AFTER: Duration = Duration::from_secs(10);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShutdownKind {
-    Poweroff,
-    Reboot,
-    Halt,
-}
-
-impl ShutdownKind {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "poweroff" => Some(ShutdownKind::Poweroff),
-            "reboot" => Some(ShutdownKind::Reboot),
-            "halt" => Some(ShutdownKind::Halt),
-            _ => None,
-        }
-    }
-}
 
 /// Requests from the control API. Each carries the channel its answer goes back on.
 pub enum Request {

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 use nasos_board::Plan;
-use nasos_board::plan::PLAN_PATH;
+use nasos_layout::paths;
 
 pub mod inspect;
 pub mod nfsd;
@@ -15,7 +15,7 @@ pub mod storage;
 
 /// Reads the plan the image carries (or `$NASOS_PLAN`, for tests).
 pub fn plan() -> anyhow::Result<Plan> {
-    let path = std::env::var("NASOS_PLAN").unwrap_or_else(|_| PLAN_PATH.to_string());
+    let path = std::env::var("NASOS_PLAN").unwrap_or_else(|_| paths::PLAN.to_string());
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading the plan {path}"))?;
     serde_json::from_str(&text).with_context(|| format!("parsing the plan {path}"))
 }

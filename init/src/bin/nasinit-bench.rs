@@ -9,9 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nasos_api::{Client, ShutdownKind};
 use nasos_board::Plan;
 use nasos_board::plan::{Readiness, Restart, RestartPolicy, Service};
-use nasos_init::api::Client;
 
 const CYCLES: usize = 300;
 
@@ -72,7 +72,7 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let _ = self.rt.block_on(self.client.shutdown("poweroff"));
+        let _ = self.rt.block_on(self.client.shutdown(ShutdownKind::Poweroff));
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {

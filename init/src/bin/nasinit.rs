@@ -7,21 +7,21 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use nasos_board::Plan;
-use nasos_board::plan::PLAN_PATH;
 use nasos_init::cgroup::CgroupRoot;
 use nasos_init::console::Console;
 use nasos_init::run::{Options, run};
 use nasos_init::supervisor::Config;
-use nasos_init::{api, early, finish};
+use nasos_init::{early, finish};
+use nasos_layout::{agents, paths};
 
 #[derive(Parser)]
 #[command(name = "nasinit", about = "The nasos appliance's PID 1 and service supervisor")]
 struct Args {
     /// The plan to run.
-    #[arg(long, default_value = PLAN_PATH)]
+    #[arg(long, default_value = paths::PLAN)]
     plan: PathBuf,
     /// Control socket.
-    #[arg(long, default_value = api::DEFAULT_SOCKET)]
+    #[arg(long, default_value = paths::CONTROL_SOCKET)]
     control: PathBuf,
     /// Runtime directory (notify sockets).
     #[arg(long, default_value = "/run/nasinit")]
@@ -40,17 +40,16 @@ struct Args {
 enum Command {
     /// Load the plan's kernel modules with their options and link /dev/disk/by-bay (the `modules`
     /// service runs this).
+    #[command(name = agents::NASINIT_LOAD_MODULES)]
     LoadModules,
     /// Link /dev/disk/by-bay again (after a pool was created and its disks partitioned).
+    #[command(name = agents::NASINIT_LINK_BAYS)]
     LinkBays,
 }
 
 fn main() -> ExitCode {
     let t0 = Instant::now();
     if std::process::id() == 1 {
-        if std::path::Path::new(nasos_init::initramfs::MARKER).exists() {
-            initramfs();
-        }
         pid1(t0);
     }
     let args = Args::parse();
@@ -76,20 +75,6 @@ fn read_plan(path: &std::path::Path) -> Result<Plan, String> {
     serde_json::from_str(&text).map_err(|e| format!("plan {} is not valid: {e}", path.display()))
 }
 
-/// PID 1 of the initramfs: reach the verified root and exec its nasinit. On failure, say why
-/// and reboot, so the boot loader's try counter for this slot runs down.
-fn initramfs() -> ! {
-    let console = Console::new(false);
-    let why = nasos_init::initramfs::run(&console);
-    console.say(&format!("cannot boot: {why}"));
-    console.say("rebooting in 10 s");
-    std::thread::sleep(std::time::Duration::from_secs(10));
-    let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);
-    loop {
-        std::thread::sleep(std::time::Duration::from_secs(3600));
-    }
-}
-
 /// PID 1: tolerant of any argv the kernel passes, never returns.
 fn pid1(t0: Instant) -> ! {
     let kernel_ms = early::kernel_ms();
@@ -98,7 +83,7 @@ fn pid1(t0: Instant) -> ! {
     early::writable_overlays(&console);
     let console = Console::new(true);
     console.say(&format!("started {:.2}s after the kernel", kernel_ms as f64 / 1000.0));
-    let plan = match read_plan(std::path::Path::new(PLAN_PATH)) {
+    let plan = match read_plan(std::path::Path::new(paths::PLAN)) {
         Ok(p) => p,
         Err(e) => {
             console.say(&format!("{e}; running with no services"));
@@ -113,8 +98,8 @@ fn pid1(t0: Instant) -> ! {
             None
         }
     };
-    let _ = std::fs::create_dir_all("/var/log/nasinit");
-    let log_dir = std::path::Path::new("/var/log/nasinit");
+    let log_dir = std::path::Path::new(paths::SERVICE_LOG_DIR);
+    let _ = std::fs::create_dir_all(log_dir);
     let writable = nix::unistd::access(log_dir, nix::unistd::AccessFlags::W_OK).is_ok();
     let config = Config {
         plan,
@@ -124,7 +109,7 @@ fn pid1(t0: Instant) -> ! {
         pid1: true,
         kernel_ms,
     };
-    let opts = Options { config, control_socket: PathBuf::from(api::DEFAULT_SOCKET) };
+    let opts = Options { config, control_socket: PathBuf::from(paths::CONTROL_SOCKET) };
     loop {
         match run(opts.clone(), t0, console.clone()) {
             Ok((kind, _)) => finish::finish(kind, &console),

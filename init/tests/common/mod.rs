@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nasos_api::{Client, ServiceInfo, ShutdownKind};
 use nasos_board::Plan;
 use nasos_board::plan::{Readiness, Restart, RestartPolicy, Service};
-use nasos_init::api::{Client, ServiceInfo};
 
 pub struct Nasinit {
     pub dir: PathBuf,
@@ -117,7 +117,7 @@ impl Nasinit {
 
     /// Requests poweroff and waits for nasinit to exit; returns its exit status code.
     pub fn poweroff(mut self) -> Option<i32> {
-        self.rt.block_on(self.client.shutdown("poweroff")).expect("shutdown");
+        self.rt.block_on(self.client.shutdown(ShutdownKind::Poweroff)).expect("shutdown");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {

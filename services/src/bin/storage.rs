@@ -5,8 +5,10 @@
 use std::process::{Command, ExitCode};
 
 use anyhow::Context;
-use nasos_board::plan::{BAY_DIR, PoolPlan};
+use nasos_board::plan::PoolPlan;
 use nasos_board::recipe::CreatePolicy;
+use nasos_layout::agents;
+use nasos_layout::paths::{BAY_DIR, NASINIT};
 use nasos_services::storage::{DiskContent, describe_blkid, importable_names, may_create};
 use nasos_services::{plan, probe, run, say};
 
@@ -186,7 +188,7 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
     }
     run("zpool", &args.iter().map(String::as_str).collect::<Vec<_>>())
         .with_context(|| format!("creating pool {}", pool.name))?;
-    run(nasos_board::plan::NASINIT_PATH, &["link-bays"])?;
+    run(NASINIT, &[agents::NASINIT_LINK_BAYS])?;
     run("zpool", &["export", &pool.name])?;
     run("zpool", &["import", "-d", BAY_DIR, &pool.name])
         .with_context(|| format!("re-importing {} by bay", pool.name))?;

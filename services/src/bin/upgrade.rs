@@ -2,31 +2,23 @@
 //! removing systemd-boot's try counter from its name (`nasos-1.2.0+2-1.efi` → `nasos-1.2.0.efi`).
 //! An entry that is never blessed runs out of tries and the previous one boots again.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use nasos_layout::{entry, slot};
 use nasos_services::{run, say};
 
 const EFIVARS: &str = "/sys/firmware/efi/efivars";
-const LOADER_GUID: &str = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f";
 const ESP_MOUNT: &str = "/run/nasos/esp";
 
 fn main() -> ExitCode {
     nasos_services::main("upgrade", &["bless"], |_| bless())
 }
 
-/// The blessed name of a counted entry, or `None` if it carries no counter.
-fn blessed_name(entry: &str) -> Option<String> {
-    let stem = entry.strip_suffix(".efi")?;
-    let (base, counter) = stem.rsplit_once('+')?;
-    let ok = counter.split('-').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-    ok.then(|| format!("{base}.efi"))
-}
-
 /// Reads a systemd-boot EFI variable (UTF-16LE after 4 attribute bytes).
 fn loader_var(name: &str) -> anyhow::Result<String> {
-    let p = Path::new(EFIVARS).join(format!("{name}-{LOADER_GUID}"));
+    let p = Path::new(EFIVARS).join(format!("{name}-{}", entry::LOADER_VENDOR_GUID));
     let raw = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
     let words: Vec<u16> = raw
         .get(4..)
@@ -52,39 +44,22 @@ fn bless() -> anyhow::Result<()> {
         say("the booted entry has no try counter: already blessed");
         return Ok(());
     };
-    let entry = path.rsplit('\\').next().unwrap_or(&path).to_string();
-    let Some(good) = blessed_name(&entry) else {
-        say(format!("{entry} is already blessed"));
+    let booted = path.rsplit('\\').next().unwrap_or(&path).to_string();
+    let Some(good) = entry::blessed_name(&booted) else {
+        say(format!("{booted} is already blessed"));
         return Ok(());
     };
     let esp_uuid = loader_var("LoaderDevicePartUUID")?.to_ascii_lowercase();
-    let esp = find_partition(&esp_uuid).with_context(|| format!("no partition with PARTUUID {esp_uuid}"))?;
+    let esp = slot::find_partition(Path::new("/sys"), Path::new("/dev"), &esp_uuid)
+        .with_context(|| format!("no partition with PARTUUID {esp_uuid} (the ESP systemd-boot started from)"))?;
     std::fs::create_dir_all(ESP_MOUNT)?;
     let _ = run("modprobe", &["vfat"]);
     run("mount", &["-t", "vfat", &esp.display().to_string(), ESP_MOUNT])?;
-    let dir = Path::new(ESP_MOUNT).join("EFI/Linux");
-    let r = std::fs::rename(dir.join(&entry), dir.join(&good)).with_context(|| format!("renaming {entry} to {good}"));
+    let dir = Path::new(ESP_MOUNT).join(entry::DIR);
+    let r = std::fs::rename(dir.join(&booted), dir.join(&good)).with_context(|| format!("renaming {booted} to {good}"));
     nix::unistd::sync();
     let _ = run("umount", &[ESP_MOUNT]);
     r?;
-    say(format!("blessed {entry} → {good}"));
+    say(format!("blessed {booted} → {good}"));
     Ok(())
-}
-
-fn find_partition(partuuid: &str) -> Option<PathBuf> {
-    let out = run("blkid", &["-t", &format!("PARTUUID={partuuid}"), "-o", "device"]).ok()?;
-    out.lines().next().map(PathBuf::from)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::blessed_name;
-
-    #[test]
-    fn counters_come_off() {
-        assert_eq!(blessed_name("nasos-0.1.0+3.efi").as_deref(), Some("nasos-0.1.0.efi"));
-        assert_eq!(blessed_name("nasos-0.1.0+2-1.efi").as_deref(), Some("nasos-0.1.0.efi"));
-        assert_eq!(blessed_name("nasos-0.1.0.efi"), None);
-        assert_eq!(blessed_name("nasos-0.1.0+x.efi"), None);
-    }
 }

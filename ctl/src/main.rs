@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use nasos_init::api::{self, Client, ServiceInfo};
+use nasos_api::{self as api, Client, ServiceInfo, ShutdownKind};
 use nasos_services::inspect;
 use serde::Serialize;
 
@@ -164,9 +164,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         // Answered above, before connecting.
         Command::Pools | Command::Exports | Command::Fabric => {}
-        Command::Reboot => client.shutdown("reboot").await?,
-        Command::Poweroff => client.shutdown("poweroff").await?,
-        Command::Halt => client.shutdown("halt").await?,
+        Command::Reboot => client.shutdown(ShutdownKind::Reboot).await?,
+        Command::Poweroff => client.shutdown(ShutdownKind::Poweroff).await?,
+        Command::Halt => client.shutdown(ShutdownKind::Halt).await?,
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! The control API: D-Bus, peer to peer on a root-only unix socket, no bus daemon. These types are
-//! the wire format; `nasctl` prints them as tables or as JSON.
+//! nasinit's control API: D-Bus, peer to peer on a root-only unix socket, no bus daemon. These
+//! types are the wire format, shared by the server (nasinit), `nasctl` and the agents.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,7 +11,32 @@ use zbus::Type;
 pub const OBJECT_PATH: &str = "/org/nasos/Init1";
 pub const INTERFACE: &str = "org.nasos.Init1";
 /// Where PID 1 listens. Tests and the benchmark pass their own path.
-pub const DEFAULT_SOCKET: &str = "/run/nasinit/control.sock";
+pub const DEFAULT_SOCKET: &str = nasos_layout::paths::CONTROL_SOCKET;
+
+/// How the appliance is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownKind {
+    Poweroff,
+    Reboot,
+    Halt,
+}
+
+impl ShutdownKind {
+    pub const ALL: [ShutdownKind; 3] = [ShutdownKind::Poweroff, ShutdownKind::Reboot, ShutdownKind::Halt];
+
+    /// The word on the wire and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShutdownKind::Poweroff => "poweroff",
+            ShutdownKind::Reboot => "reboot",
+            ShutdownKind::Halt => "halt",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
 
 /// One service, as `nasctl services` shows it. Times are milliseconds since nasinit started;
 /// -1 means "not yet".
@@ -106,7 +131,9 @@ impl Client {
         Ok(Client { conn })
     }
 
-    async fn call<B, R>(&self, method: &str, body: &B) -> Result<R, ClientError>
+    /// Calls a method of the interface by name. The typed methods below are what callers want;
+    /// this is for tests that send what a typed client never would.
+    pub async fn call<B, R>(&self, method: &str, body: &B) -> Result<R, ClientError>
     where
         B: Serialize + Type,
         R: DeserializeOwned + Type,
@@ -148,12 +175,25 @@ impl Client {
         self.call("Timeline", &()).await
     }
 
-    /// `poweroff`, `reboot` or `halt`. A connection that drops after the request was sent counts
-    /// as success: the machine may well be gone before the reply.
-    pub async fn shutdown(&self, kind: &str) -> Result<(), ClientError> {
-        match self.call::<_, ()>("Shutdown", &(kind,)).await {
+    /// Stops every service and powers off, reboots or halts. A connection that drops after the
+    /// request was sent counts as success: the machine may well be gone before the reply.
+    pub async fn shutdown(&self, kind: ShutdownKind) -> Result<(), ClientError> {
+        match self.call::<_, ()>("Shutdown", &(kind.as_str(),)).await {
             Err(ClientError::Call(zbus::Error::InputOutput(_))) => Ok(()),
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShutdownKind;
+
+    #[test]
+    fn shutdown_kinds_round_trip() {
+        for k in ShutdownKind::ALL {
+            assert_eq!(ShutdownKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(ShutdownKind::parse("explode"), None);
     }
 }

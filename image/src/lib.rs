@@ -1,0 +1,17 @@
+//! nasos-image: everything `nasos` does, as a library (the binary only parses arguments and
+//! prints): recipe → plan → rootfs → verified root + initramfs → UKI → A/B disk; flashing; booting
+//! on the emulated twin board.
+
+pub mod build;
+pub mod disk;
+pub mod flash;
+pub mod host;
+pub mod initramfs;
+pub mod lock;
+pub mod progress;
+pub mod root;
+pub mod rootfs;
+pub mod stage;
+pub mod uki;
+pub mod vm;
+pub mod zfs;

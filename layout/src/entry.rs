@@ -1,0 +1,80 @@
+//! Boot entries on the ESP, as systemd-boot counts tries: `EFI/Linux/nasos-VERSION+LEFT[-DONE].efi`
+//! while the entry is on trial, `nasos-VERSION.efi` once the appliance has blessed it. systemd-boot
+//! renames the file before each try and boots the newest entry that has tries left.
+
+/// Where UKIs live on the ESP (systemd-boot's Type #2 entries).
+pub const DIR: &str = "EFI/Linux";
+/// Name prefix of nasos's entries.
+pub const PREFIX: &str = "nasos-";
+/// systemd-boot's vendor GUID for its EFI variables (LoaderBootCountPath, LoaderDevicePartUUID).
+pub const LOADER_VENDOR_GUID: &str = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f";
+
+/// A parsed entry name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub version: String,
+    /// Tries left and tries done, while on trial; `None` once blessed.
+    pub counter: Option<(u32, u32)>,
+}
+
+/// The file name of a new entry with `tries` tries (`nasos-1.2.0+3.efi`).
+pub fn counted(version: &str, tries: u32) -> String {
+    format!("{PREFIX}{version}+{tries}.efi")
+}
+
+/// Its path on the ESP.
+pub fn counted_path(version: &str, tries: u32) -> String {
+    format!("{DIR}/{}", counted(version, tries))
+}
+
+/// Parses an entry's file name; `None` for a file that is not a nasos entry.
+pub fn parse(name: &str) -> Option<Entry> {
+    let stem = name.strip_prefix(PREFIX)?.strip_suffix(".efi")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some((version, counter)) = stem.rsplit_once('+') {
+        let (left, done) = counter.split_once('-').unwrap_or((counter, "0"));
+        if !version.is_empty() && digits(left) && digits(done) {
+            return Some(Entry {
+                version: version.to_string(),
+                counter: Some((left.parse().ok()?, done.parse().ok()?)),
+            });
+        }
+        return None;
+    }
+    (!stem.is_empty()).then(|| Entry { version: stem.to_string(), counter: None })
+}
+
+/// The blessed name of an entry on trial, or `None` if it carries no counter (already blessed,
+/// or not ours).
+pub fn blessed_name(name: &str) -> Option<String> {
+    let e = parse(name)?;
+    e.counter.map(|_| format!("{PREFIX}{}.efi", e.version))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_come_off() {
+        assert_eq!(blessed_name("nasos-0.1.0+3.efi").as_deref(), Some("nasos-0.1.0.efi"));
+        assert_eq!(blessed_name("nasos-0.1.0+2-1.efi").as_deref(), Some("nasos-0.1.0.efi"));
+        assert_eq!(blessed_name("nasos-0.1.0.efi"), None);
+        assert_eq!(blessed_name("nasos-0.1.0+x.efi"), None);
+        assert_eq!(blessed_name("other-0.1.0+3.efi"), None);
+    }
+
+    #[test]
+    fn what_is_written_parses_back() {
+        for (v, n) in [("0.1.0", 3), ("1.2.0-rc1", 1), ("2026.12.1", 10)] {
+            let name = counted(v, n);
+            assert_eq!(parse(&name), Some(Entry { version: v.into(), counter: Some((n, 0)) }));
+            assert_eq!(counted_path(v, n), format!("EFI/Linux/{name}"));
+            assert_eq!(
+                parse(&blessed_name(&name).expect("on trial")),
+                Some(Entry { version: v.into(), counter: None })
+            );
+        }
+        assert_eq!(parse("nasos-1.0+0-3.efi").and_then(|e| e.counter), Some((0, 3)));
+    }
+}

@@ -1,0 +1,49 @@
+//! Paths the image provides and the appliance relies on.
+
+/// The resolved plan, baked into the image.
+pub const PLAN: &str = "/usr/lib/nasos/plan.json";
+/// nasinit, PID 1 (the initramfs execs it after switching to the verified root).
+pub const NASINIT: &str = "/usr/sbin/nasinit";
+/// nasctl, the operator's command.
+pub const NASCTL: &str = "/usr/sbin/nasctl";
+/// Where the agents (the services' programs) live.
+pub const AGENT_DIR: &str = "/usr/lib/nasos";
+/// os-release of the image (also carried in the UKI's .osrel section).
+pub const OS_RELEASE: &str = "/usr/lib/nasos/os-release";
+/// Datasets are mounted below this tmpfs, since the root filesystem is read-only.
+pub const EXPORT_ROOT: &str = "/export";
+/// Stable names for bays (`BAY01`, `BAY01-part1`), made by nasinit from the plan's bay map.
+pub const BAY_DIR: &str = "/dev/disk/by-bay";
+/// nasinit's control socket (D-Bus, peer to peer, root only).
+pub const CONTROL_SOCKET: &str = "/run/nasinit/control.sock";
+/// Where nasinit keeps each service's log file.
+pub const SERVICE_LOG_DIR: &str = "/var/log/nasinit";
+
+/// The initramfs's own files.
+pub mod initramfs {
+    /// The initramfs's init program.
+    pub const INIT: &str = "/init";
+    /// The file that marks an initramfs (systemd's convention).
+    pub const MARKER: &str = "/etc/initrd-release";
+    /// Modules to load, one .ko path per line, in dependency order (written at build time).
+    pub const MODULE_LIST: &str = "/etc/nasos/modules";
+    /// Where the root is mounted before the switch.
+    pub const NEW_ROOT: &str = "/sysroot";
+}
+
+/// `dir` joined with an absolute image path, for code that works on a tree or a test fixture
+/// instead of `/`.
+pub fn under(dir: &std::path::Path, path: &str) -> std::path::PathBuf {
+    dir.join(path.trim_start_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn under_keeps_the_path_below_the_tree() {
+        let p = under(std::path::Path::new("/tmp/tree"), PLAN);
+        assert_eq!(p, std::path::Path::new("/tmp/tree/usr/lib/nasos/plan.json"));
+    }
+}
