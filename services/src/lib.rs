@@ -2,15 +2,15 @@
 //! telling nasinit they are ready.
 
 use std::os::unix::net::UnixDatagram;
-use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use nasos_board::Plan;
 use nasos_layout::paths;
 
 pub mod inspect;
 pub mod nfsd;
 pub mod rdma;
+pub mod signals;
 pub mod storage;
 
 /// Reads the plan the image carries (or `$NASOS_PLAN`, for tests).
@@ -20,19 +20,9 @@ pub fn plan() -> anyhow::Result<Plan> {
     serde_json::from_str(&text).with_context(|| format!("parsing the plan {path}"))
 }
 
-/// Runs a tool, returning its stdout; a failure carries the command line and its stderr.
-pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
-    if !out.status.success() {
-        bail!("{program} {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Runs a tool and says whether it succeeded, for probes where failure is an answer.
-pub fn probe(program: &str, args: &[&str]) -> bool {
-    Command::new(program).args(args).output().is_ok_and(|o| o.status.success())
-}
+/// Tools run one way everywhere: with a deadline, and an error naming the command with the end
+/// of its stderr.
+pub use nasos_exec::{Tool, probe, run};
 
 /// Sends `READY=1` (and a status) to nasinit's notify socket, as sd_notify does.
 pub fn notify_ready(status: &str) -> anyhow::Result<()> {

@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use nasos_board::Plan;
+use nasos_exec::Tool;
 use nasos_init::cgroup::CgroupRoot;
 use nasos_init::console::Console;
 use nasos_init::run::{Options, run};
@@ -179,39 +180,34 @@ fn load_modules(plan: &std::path::Path) -> ExitCode {
     };
     let mut failed = Vec::new();
     for m in &plan.kernel.modules {
-        let mut cmd = std::process::Command::new("/usr/sbin/modprobe");
-        cmd.arg(m);
-        if let Some(opts) = plan.kernel.module_options.get(m) {
-            cmd.args(opts.iter().map(|(k, v)| format!("{k}={v}")));
-        }
+        let options = plan.kernel.module_options.get(m).into_iter().flatten().map(|(k, v)| format!("{k}={v}"));
+        // A module's init can hang on broken hardware; the deadline turns that into a named
+        // failure of this service instead of a boot that never becomes ready.
+        let modprobe = Tool::new("/usr/sbin/modprobe").arg(m).args(options).timeout(Duration::from_secs(60));
         let t = Instant::now();
-        match cmd.status() {
-            Ok(s) if s.success() => println!("loaded {m} in {} ms", t.elapsed().as_millis()),
-            Ok(s) => {
-                println!("modprobe {m} failed: {s}");
-                failed.push(m.clone());
-            }
+        match modprobe.run() {
+            Ok(_) => println!("loaded {m} in {} ms", t.elapsed().as_millis()),
             Err(e) => {
-                println!("cannot run modprobe for {m}: {e}");
+                println!("{e}");
                 failed.push(m.clone());
             }
         }
     }
     // The drivers are loaded: let udev see every device and finish its work, then name the bays.
     for args in [&["trigger", "--action=add"][..], &["settle", "--timeout=30"][..]] {
-        if let Err(e) = std::process::Command::new("/usr/bin/udevadm").args(args).status() {
-            println!("udevadm {}: {e}", args.join(" "));
+        if let Err(e) = Tool::new("/usr/bin/udevadm").args(args).timeout(Duration::from_secs(40)).run() {
+            println!("{e}");
         }
     }
     let console = Console::new(false);
     let t = Instant::now();
     let mut linked = Vec::new();
-    while t.elapsed() < std::time::Duration::from_secs(10) {
+    while t.elapsed() < Duration::from_secs(10) {
         linked = early::link_bays(&plan.bays, &console);
         if linked.len() == plan.bays.len() {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(200));
     }
     let missing: Vec<&str> =
         plan.bays.iter().map(|b| b.name.as_str()).filter(|b| !linked.iter().any(|l| l == b)).collect();

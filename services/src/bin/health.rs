@@ -7,18 +7,11 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nasos_services::{notify_ready, plan, probe, run, say};
-use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_term(_: i32) {
-    STOP.store(true, Ordering::SeqCst);
-}
+use nasos_services::signals::{Sig, Signals};
+use nasos_services::{notify_ready, plan, probe, say};
 
 nix::ioctl_readwrite!(wdioc_settimeout, b'W', 6, i32);
 
@@ -38,9 +31,7 @@ fn find_watchdog(identity: &str) -> Option<PathBuf> {
 fn health() -> anyhow::Result<()> {
     let plan = plan()?;
     let h = &plan.health;
-    let action = SigAction::new(SigHandler::Handler(on_term), SaFlags::empty(), SigSet::empty());
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe { sigaction(Signal::SIGTERM, &action) }.context("installing the SIGTERM handler")?;
+    let signals = Signals::take(&[Sig::SIGTERM])?;
     let Some(dev) = find_watchdog(&h.watchdog_identity) else {
         bail!(
             "no watchdog device with identity \"{}\" (driver {} not loaded?)",
@@ -58,16 +49,20 @@ fn health() -> anyhow::Result<()> {
     wd.write_all(b"\0")?;
     check(&plan, true);
     notify_ready(&format!("watchdog armed ({timeout}s)"))?;
-    let (mut last_pet, mut last_check) = (Instant::now(), Instant::now());
-    while !STOP.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(500));
-        if last_pet.elapsed() >= pet_every {
-            wd.write_all(b"\0").context("feeding the watchdog")?;
-            last_pet = Instant::now();
+    let (mut next_pet, mut next_check) = (Instant::now() + pet_every, Instant::now() + check_every);
+    loop {
+        let due = next_pet.min(next_check).saturating_duration_since(Instant::now());
+        if signals.wait(due)? == Some(Sig::SIGTERM) {
+            break;
         }
-        if last_check.elapsed() >= check_every {
+        let now = Instant::now();
+        if now >= next_pet {
+            wd.write_all(b"\0").context("feeding the watchdog")?;
+            next_pet = now + pet_every;
+        }
+        if now >= next_check {
             check(&plan, false);
-            last_check = Instant::now();
+            next_check = now + check_every;
         }
     }
     // Magic close: an orderly stop disarms the watchdog.
@@ -81,13 +76,42 @@ fn check(plan: &nasos_board::Plan, verbose: bool) {
     if plan.pools.is_empty() || !probe("zpool", &["version"]) {
         return;
     }
-    let Ok(out) = run("zpool", &["list", "-H", "-p", "-o", "name,health,capacity"]) else { return };
-    for line in out.lines() {
-        let f: Vec<&str> = line.split('\t').collect();
-        let [name, state, cap] = f[..] else { continue };
-        let cap: u32 = cap.trim_end_matches('%').parse().unwrap_or(0);
-        if state != "ONLINE" || cap >= plan.health.pool_capacity_warn_percent || verbose {
+    let pools = match nasos_zfs::pool_properties(&["health", "capacity"]) {
+        Ok(p) => p,
+        Err(e) => return say(format!("reading pool health: {e}")),
+    };
+    for (name, state, cap) in pool_lines(&pools) {
+        if state != "ONLINE" || cap >= u64::from(plan.health.pool_capacity_warn_percent) || verbose {
             say(format!("pool {name}: {state}, {cap}% full"));
         }
+    }
+}
+
+/// (name, health, capacity %) of each pool, from `zpool get -j --json-int health,capacity`.
+fn pool_lines(pools: &nasos_zfs::PoolList) -> Vec<(&str, String, u64)> {
+    pools
+        .pools
+        .values()
+        .map(|p| {
+            let health = p.value("health").map_or_else(|| p.state.clone(), nasos_zfs::Value::text);
+            let cap = p.value("capacity").and_then(nasos_zfs::Value::as_u64).unwrap_or(0);
+            (p.name.as_str(), health, cap)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pool_lines;
+
+    #[test]
+    fn pool_health_and_capacity_come_from_zpool_json() {
+        let json = include_str!("../../zfs/tests/fixtures/zpool-get.json");
+        let mut pools = nasos_zfs::parse_pool_list(json).expect("fixture parses");
+        assert_eq!(pool_lines(&pools), vec![("tank", "ONLINE".to_string(), 0)]);
+        let tank = pools.pools.get_mut("tank").expect("tank");
+        tank.properties.get_mut("capacity").expect("capacity").value = nasos_zfs::Value::Int(91);
+        tank.properties.get_mut("health").expect("health").value = nasos_zfs::Value::Text("DEGRADED".into());
+        assert_eq!(pool_lines(&pools), vec![("tank", "DEGRADED".to_string(), 91)]);
     }
 }

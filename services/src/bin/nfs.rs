@@ -5,7 +5,6 @@
 //! RDMA listener is re-added whenever it is missing while nfsd runs. On SIGTERM it stops nfsd
 //! and mountd.
 
-use std::os::fd::AsFd;
 use std::path::Path;
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
@@ -13,15 +12,13 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use nasos_board::plan::NfsPlan;
 use nasos_services::nfsd::{self, NFSD_FS, has_listener};
+use nasos_services::signals::{Sig, Signals};
 use nasos_services::{notify_ready, plan, run, say};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, Signal};
-use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 /// How often the listeners are checked. A restarted nfsd serves TCP at once; RDMA clients
 /// reconnect within their retry interval, so two seconds without the RDMA listener is the
 /// longest they wait, and a portlist read every two seconds costs nothing.
-const WATCH_MS: u16 = 2000;
+const WATCH: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     nasos_services::main("nfs", &["serve"], |_| serve())
@@ -30,11 +27,8 @@ fn main() -> ExitCode {
 fn serve() -> anyhow::Result<()> {
     let plan = plan()?;
     let Some(nfs) = plan.nfs else { bail!("the plan has no NFS server") };
-    // SIGTERM and SIGCHLD are taken synchronously below, not by default handlers.
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGTERM);
-    set.add(Signal::SIGCHLD);
-    set.thread_block().context("blocking signals")?;
+    // SIGTERM and SIGCHLD are taken in the watch loop below, not by default handlers.
+    let signals = Signals::take(&[Sig::SIGTERM, Sig::SIGCHLD])?;
 
     if !Path::new(NFSD_FS).join("portlist").exists() {
         let _ = run("modprobe", &["nfsd"]);
@@ -71,21 +65,17 @@ fn serve() -> anyhow::Result<()> {
     notify_ready(&format!("serving {} exports on {}", nfs.exports.len(), ports.join(", ")))?;
 
     // Wait for SIGTERM or a daemon's death, checking the listeners in between.
-    let signals = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC).context("opening a signalfd")?;
     let mut said: Option<String> = None;
     let status = loop {
-        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(WATCH_MS)) {
-            Ok(0) => {
+        let signal = match signals.wait(WATCH) {
+            Ok(None) => {
                 watch_listeners(&nfs, &mut said);
                 continue;
             }
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => break Err(anyhow::anyhow!("waiting for signals: {e}")),
-        }
-        let Ok(Some(info)) = signals.read_signal() else { continue };
-        if info.ssi_signo == Signal::SIGTERM as u32 {
+            Ok(Some(s)) => s,
+            Err(e) => break Err(e),
+        };
+        if signal == Sig::SIGTERM {
             break Ok(());
         }
         if let Some((i, s)) =

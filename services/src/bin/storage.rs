@@ -2,7 +2,8 @@
 //! recipe allows and every member disk is blank; then makes datasets match the plan, changing
 //! only what differs. nasos-storage export: exports the pools (the shutdown path).
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use nasos_board::plan::PoolPlan;
@@ -10,7 +11,11 @@ use nasos_board::recipe::CreatePolicy;
 use nasos_layout::agents;
 use nasos_layout::paths::{BAY_DIR, NASINIT};
 use nasos_services::storage::{DiskContent, describe_blkid, importable_names, may_create};
-use nasos_services::{plan, probe, run, say};
+use nasos_services::{Tool, plan, probe, run, say};
+
+/// Creating or importing a pool of many disks can take minutes on a loaded box; longer than
+/// this, something is stuck.
+const POOL_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn main() -> ExitCode {
     nasos_services::main("storage", &["up", "export"], |verb| if verb == "up" { up() } else { export() })
@@ -126,7 +131,7 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
         return Ok(());
     }
     // Import by bay paths only: kernel nvme numbering does not follow bays.
-    match run("zpool", &["import", "-N", "-d", BAY_DIR, &pool.name]) {
+    match Tool::new("zpool").args(["import", "-N", "-d", BAY_DIR, &pool.name]).timeout(POOL_TIMEOUT).run() {
         Ok(_) => {
             let _ = run("zfs", &["mount", "-a"]);
             say(format!("{}: imported from its bays", pool.name));
@@ -186,11 +191,17 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
             args.push(kernel(b)?);
         }
     }
-    run("zpool", &args.iter().map(String::as_str).collect::<Vec<_>>())
+    Tool::new("zpool")
+        .args(&args)
+        .timeout(POOL_TIMEOUT)
+        .run()
         .with_context(|| format!("creating pool {}", pool.name))?;
     run(NASINIT, &[agents::NASINIT_LINK_BAYS])?;
     run("zpool", &["export", &pool.name])?;
-    run("zpool", &["import", "-d", BAY_DIR, &pool.name])
+    Tool::new("zpool")
+        .args(["import", "-d", BAY_DIR, &pool.name])
+        .timeout(POOL_TIMEOUT)
+        .run()
         .with_context(|| format!("re-importing {} by bay", pool.name))?;
     say(format!("{}: created on {} blank disks", pool.name, members.len()));
     Ok(())
@@ -225,12 +236,12 @@ fn content(bay: &str) -> DiskContent {
 
 /// What blkid finds on a device, reading only (`-p` probes the device itself, no cache).
 fn probe_blkid(dev: &str) -> Result<Option<String>, String> {
-    let o = Command::new("blkid").args(["-p", "-o", "export", dev]).output().map_err(|e| format!("blkid: {e}"))?;
-    // Exit status 2: nothing identifiable on the device.
-    if o.status.code() == Some(2) {
-        return Ok(None);
+    match Tool::new("blkid").args(["-p", "-o", "export", dev]).output() {
+        Ok(o) => Ok(Some(describe_blkid(&o.stdout).unwrap_or_else(|| "data blkid could not name".into()))),
+        // Exit status 2: nothing identifiable on the device.
+        Err(nasos_exec::Error::Failed { status, .. }) if status.code() == Some(2) => Ok(None),
+        Err(e) => Err(e.to_string()),
     }
-    Ok(Some(describe_blkid(&String::from_utf8_lossy(&o.stdout)).unwrap_or_else(|| "data blkid could not name".into())))
 }
 
 fn export() -> anyhow::Result<()> {

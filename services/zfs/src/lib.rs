@@ -7,7 +7,6 @@
 //! the one these types were written against is an error, not a guess.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use indexmap::IndexMap;
 
@@ -24,10 +23,8 @@ pub enum Error {
     Parse { command: String, source: serde_json::Error },
     #[error("`{command}` speaks JSON output version {major}.{minor}; nasos reads version {OUTPUT_MAJOR}.x")]
     Version { command: String, major: u32, minor: u32 },
-    #[error("running `{command}`: {source}")]
-    Spawn { command: String, source: std::io::Error },
-    #[error("`{command}` failed: {stderr}")]
-    Failed { command: String, stderr: String },
+    #[error(transparent)]
+    Run(#[from] nasos_exec::Error),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,15 +218,7 @@ pub fn parse_datasets(json: &str) -> Result<DatasetList, Error> {
 }
 
 fn run(program: &str, args: &[&str]) -> Result<String, Error> {
-    let command = format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|source| Error::Spawn { command: command.clone(), source })?;
-    if !out.status.success() {
-        return Err(Error::Failed { command, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(nasos_exec::run(program, args)?)
 }
 
 /// The status of every imported pool (or of `pool`).
