@@ -11,6 +11,8 @@ pub mod early;
 pub mod finish;
 pub mod graph;
 pub mod logs;
+pub mod machine;
 pub mod process;
 pub mod run;
 pub mod supervisor;
+pub mod view;

@@ -1,13 +1,14 @@
-//! The supervisor: one owner of all service state, driven only by events (child exits, output,
-//! readiness messages, control requests, signals) and by the next deadline it computes itself.
-//! Nothing here polls, and nothing waits on a service: every wait is a deadline.
+//! The supervisor's effects: it owns the processes, cgroups, notify sockets and logs of the
+//! services, and performs what the decision core (`machine.rs`) asks for. Every input — a child
+//! exit, output, a readiness message, a control request, a signal, a deadline — goes to the core,
+//! and the actions it returns are carried out here until none are left. Nothing here polls, and
+//! nothing waits on a service: every wait is a deadline the core set.
 
-use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use nasos_board::plan::{Plan, Readiness, Restart, Service};
+use nasos_board::plan::{Plan, Readiness};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -15,20 +16,20 @@ use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::cgroup::{self, CgroupRoot};
-use crate::console::Console;
-use crate::graph;
-use crate::logs::{CappedFile, LineSplitter, Ring};
-use crate::process;
 pub use nasos_api::ShutdownKind;
 use nasos_api::{LogPage, ServiceInfo, Status, TimelineEntry};
+
+use crate::cgroup::{self, CgroupRoot};
+use crate::console::Console;
+use crate::logs::{CappedFile, LineSplitter, Ring};
+use crate::machine::{Action, Core, Helper};
+use crate::process;
+use crate::view;
 
 /// Bytes of recent output kept in memory per service.
 const RING_BYTES: usize = 64 * 1024;
 /// Size at which a service's log file is rotated.
 const LOG_FILE_CAP: u64 = 1 << 20;
-/// A service that stayed up this long starts its backoff afresh when it next fails.
-const STABLE_AFTER: Duration = Duration::from_secs(10);
 
 /// Requests from the control API. Each carries the channel its answer goes back on.
 pub enum Request {
@@ -49,68 +50,9 @@ pub enum Event {
     ReadyFd { svc: usize, generation: u64 },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Not started: waiting for dependencies (or not wanted).
-    Waiting,
-    /// Running, not ready yet.
-    Starting,
-    /// Running and ready.
-    Running,
-    /// A oneshot that exited 0.
-    Done,
-    /// Waiting to be restarted.
-    Backoff,
-    Stopping,
-    Stopped,
-    Failed,
-}
-
-impl State {
-    fn name(self) -> &'static str {
-        match self {
-            State::Waiting => "waiting",
-            State::Starting => "starting",
-            State::Running => "running",
-            State::Done => "done",
-            State::Backoff => "backoff",
-            State::Stopping => "stopping",
-            State::Stopped => "stopped",
-            State::Failed => "failed",
-        }
-    }
-}
-
-/// Phases of stopping one service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StopPhase {
-    /// The service's stop command runs.
-    StopCommand,
-    /// SIGTERM sent to the cgroup; waiting for the main process.
-    Term,
-    /// SIGKILL sent; waiting for the kernel to deliver it.
-    Kill,
-}
-
-struct Svc {
-    spec: Service,
-    deps: Vec<usize>,
-    state: State,
-    wanted: bool,
-    restart_requested: bool,
+/// The operating-system side of one service.
+struct Handles {
     pid: Option<Pid>,
-    generation: u64,
-    restarts: u32,
-    failures_in_row: u32,
-    recent_starts: VecDeque<Instant>,
-    since: Instant,
-    first_start: Option<Instant>,
-    first_ready: Option<Instant>,
-    ready_since: Option<Instant>,
-    last_exit: String,
-    detail: String,
-    deadline: Option<Instant>,
-    stop_phase: Option<StopPhase>,
     helper: Option<Pid>,
     cgroup: Option<PathBuf>,
     cgroup_procs: Option<OwnedFd>,
@@ -129,224 +71,155 @@ pub struct Config {
 }
 
 pub struct Supervisor {
+    core: Core,
+    handles: Vec<Handles>,
     plan: Plan,
-    services: Vec<Svc>,
-    by_name: HashMap<String, usize>,
     run_dir: PathBuf,
     cgroups: Option<CgroupRoot>,
     pid1: bool,
     kernel_ms: i64,
-    t0: Instant,
-    ready_at: Option<Instant>,
-    announced_degraded: bool,
-    shutdown: Option<ShutdownKind>,
     orphans_reaped: u64,
     console: Console,
     events: mpsc::Sender<Event>,
-    plan_error: Option<String>,
 }
 
 impl Supervisor {
     pub fn new(config: Config, t0: Instant, console: Console, events: mpsc::Sender<Event>) -> Self {
         let Config { plan, run_dir, log_dir, cgroups, pid1, kernel_ms } = config;
-        let plan_error = graph::check(&plan.services).err();
-        let specs = if plan_error.is_some() { Vec::new() } else { plan.services.clone() };
-        let by_name: HashMap<String, usize> = specs.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
-        let services = specs
-            .into_iter()
-            .map(|spec| {
-                let deps = spec.after.iter().filter_map(|a| by_name.get(a).copied()).collect();
+        let core = Core::new(plan.services.clone(), t0);
+        let handles = core
+            .services
+            .iter()
+            .map(|s| {
                 let file = log_dir
                     .as_ref()
-                    .and_then(|d| CappedFile::open(d.join(format!("{}.log", spec.name)), LOG_FILE_CAP).ok());
-                Svc {
-                    deps,
-                    state: State::Waiting,
-                    wanted: true,
-                    restart_requested: false,
+                    .and_then(|d| CappedFile::open(d.join(format!("{}.log", s.spec.name)), LOG_FILE_CAP).ok());
+                Handles {
                     pid: None,
-                    generation: 0,
-                    restarts: 0,
-                    failures_in_row: 0,
-                    recent_starts: VecDeque::new(),
-                    since: t0,
-                    first_start: None,
-                    first_ready: None,
-                    ready_since: None,
-                    last_exit: String::new(),
-                    detail: String::new(),
-                    deadline: None,
-                    stop_phase: None,
                     helper: None,
                     cgroup: None,
                     cgroup_procs: None,
                     notify_path: None,
                     log: Ring::new(RING_BYTES, file),
-                    spec,
                 }
             })
             .collect();
-        if let Some(e) = &plan_error {
-            console.say(&format!("the plan's service graph is unusable, starting nothing: {e}"));
-        }
-        Supervisor {
-            plan,
-            services,
-            by_name,
-            run_dir,
-            cgroups,
-            pid1,
-            kernel_ms,
-            t0,
-            ready_at: None,
-            announced_degraded: false,
-            shutdown: None,
-            orphans_reaped: 0,
-            console,
-            events,
-            plan_error,
-        }
+        let mut sup =
+            Supervisor { core, handles, plan, run_dir, cgroups, pid1, kernel_ms, orphans_reaped: 0, console, events };
+        sup.perform();
+        sup
     }
 
-    fn ms(&self, t: Option<Instant>) -> i64 {
-        t.map_or(-1, |t| t.duration_since(self.t0).as_millis() as i64)
-    }
-
-    fn set_state(&mut self, i: usize, state: State, detail: impl Into<String>) {
-        let s = &mut self.services[i];
-        s.state = state;
-        s.since = Instant::now();
-        s.detail = detail.into();
-        if state != State::Running && state != State::Done {
-            s.ready_since = None;
-        }
-    }
-
-    fn is_ready(&self, i: usize) -> bool {
-        matches!(self.services[i].state, State::Running | State::Done)
-    }
-
-    /// Starts every service that is wanted, not running, and whose dependencies are ready.
-    pub fn schedule(&mut self) {
-        if self.shutdown.is_some() {
-            return;
-        }
-        for i in 0..self.services.len() {
-            let s = &self.services[i];
-            if s.state != State::Waiting || !s.wanted {
-                continue;
+    /// Carries out what the core asked for, and what it asks for in turn, until nothing is left.
+    fn perform(&mut self) {
+        loop {
+            let actions = self.core.take_actions();
+            if actions.is_empty() {
+                return;
             }
-            let blocked: Vec<String> =
-                s.deps.iter().filter(|&&d| !self.is_ready(d)).map(|&d| self.services[d].spec.name.clone()).collect();
-            if blocked.is_empty() {
-                self.start(i);
-            } else {
-                self.services[i].detail = format!("waiting for {}", blocked.join(", "));
+            for a in actions {
+                self.act(a);
             }
         }
-        self.check_overall();
     }
 
-    fn start(&mut self, i: usize) {
+    fn act(&mut self, action: Action) {
         let now = Instant::now();
-        let name = self.services[i].spec.name.clone();
-        if self.services[i].cgroup.is_none()
+        match action {
+            Action::Start(i) => match self.spawn(i) {
+                Ok(()) => self.core.started(i, now),
+                Err(e) => self.core.start_failed(i, &e.to_string(), now),
+            },
+            Action::StartHelper(i, kind) => {
+                let spec = &self.core.services[i].spec;
+                let command = match (kind, &spec.stop_command, &spec.readiness) {
+                    (Helper::Stop, Some(c), _) => c.clone(),
+                    (Helper::Check, _, Readiness::Check { command, .. }) => command.clone(),
+                    _ => return self.core.helper_failed(i, kind, "no command for it in the plan", now),
+                };
+                match process::spawn_helper(&command, &spec.environment) {
+                    Ok(pid) => self.handles[i].helper = Some(pid),
+                    Err(e) => self.core.helper_failed(i, kind, &e.to_string(), now),
+                }
+            }
+            Action::KillHelper(i) => {
+                if let Some(h) = self.handles[i].helper {
+                    let _ = kill(h, Signal::SIGKILL);
+                }
+            }
+            Action::Terminate(i) => self.signal_service(i, Signal::SIGTERM),
+            Action::Kill(i) => self.signal_service(i, Signal::SIGKILL),
+            Action::Abandon(i) => self.handles[i].pid = None,
+            Action::Say(line) => self.console.say(&line),
+            Action::Log(i, line) => self.handles[i].log.push(&line),
+        }
+    }
+
+    /// Everything the service runs gets `sig`: through its cgroup, else its session.
+    fn signal_service(&self, i: usize, sig: Signal) {
+        let h = &self.handles[i];
+        match (&h.cgroup, h.pid) {
+            (Some(cg), _) if sig == Signal::SIGKILL => cgroup::kill_all(cg),
+            (Some(cg), _) => cgroup::signal_all(cg, sig),
+            (None, Some(pid)) => {
+                let _ = kill(Pid::from_raw(-pid.as_raw()), sig);
+            }
+            (None, None) => {}
+        }
+    }
+
+    fn spawn(&mut self, i: usize) -> std::io::Result<()> {
+        let name = self.core.services[i].spec.name.clone();
+        if self.handles[i].cgroup.is_none()
             && let Some(root) = &self.cgroups
         {
             match root.prepare(&name) {
                 Ok((dir, procs)) => {
-                    self.services[i].cgroup = Some(dir);
-                    self.services[i].cgroup_procs = Some(procs);
+                    self.handles[i].cgroup = Some(dir);
+                    self.handles[i].cgroup_procs = Some(procs);
                 }
                 Err(e) => {
                     self.console.say(&format!("{name}: no cgroup ({e}); its processes are tracked by session only"))
                 }
             }
         }
-        if let Some(cg) = &self.services[i].cgroup {
+        if let Some(cg) = &self.handles[i].cgroup {
             // Nothing of a previous run may linger into the next.
             cgroup::kill_all(cg);
         }
-        if self.services[i].spec.readiness == Readiness::Notify && self.services[i].notify_path.is_none() {
+        let spec = &self.core.services[i].spec;
+        if spec.readiness == Readiness::Notify && self.handles[i].notify_path.is_none() {
             match self.bind_notify(i) {
-                Ok(path) => self.services[i].notify_path = Some(path),
+                Ok(path) => self.handles[i].notify_path = Some(path),
                 Err(e) => self.console.say(&format!("{name}: cannot create its notify socket: {e}")),
             }
         }
-        let ready_fd = match self.services[i].spec.readiness {
+        let ready_fd = match spec.readiness {
             Readiness::Fd { fd } => Some(fd),
             _ => None,
         };
-        let s = &self.services[i];
-        let spec = process::Spec {
-            command: &s.spec.command,
-            environment: &s.spec.environment,
-            user: s.spec.user.as_deref(),
-            working_directory: s.spec.working_directory.as_deref(),
-            cgroup_procs: s.cgroup_procs.as_ref(),
-            notify_socket: s.notify_path.as_deref(),
+        let h = &self.handles[i];
+        let spawned = process::spawn(&process::Spec {
+            command: &spec.command,
+            environment: &spec.environment,
+            user: spec.user.as_deref(),
+            working_directory: spec.working_directory.as_deref(),
+            cgroup_procs: h.cgroup_procs.as_ref(),
+            notify_socket: h.notify_path.as_deref(),
             ready_fd,
-        };
-        let result = process::spawn(&spec);
-        let s = &mut self.services[i];
-        if s.first_start.is_some() {
-            s.restarts += 1;
+        })?;
+        self.handles[i].pid = Some(spawned.pid);
+        self.read_output(i, spawned.output);
+        if let Some(r) = spawned.ready {
+            self.read_ready_fd(i, self.core.services[i].generation, r);
         }
-        s.first_start.get_or_insert(now);
-        s.recent_starts.push_back(now);
-        s.generation += 1;
-        match result {
-            Err(e) => {
-                s.last_exit = format!("could not start: {e}");
-                s.log.push(&format!("nasinit: could not start {}: {e}", s.spec.command.join(" ")));
-                self.after_exit(i, false);
-            }
-            Ok(spawned) => {
-                s.pid = Some(spawned.pid);
-                let generation = s.generation;
-                self.read_output(i, spawned.output);
-                if let Some(r) = spawned.ready {
-                    self.read_ready_fd(i, generation, r);
-                }
-                match self.services[i].spec.readiness.clone() {
-                    Readiness::Started => self.became_ready(i),
-                    Readiness::Check { .. } => {
-                        self.set_state(i, State::Starting, "readiness check pending");
-                        self.services[i].deadline = Some(now);
-                    }
-                    _ => self.set_state(i, State::Starting, "waiting for readiness"),
-                }
-            }
-        }
+        Ok(())
     }
 
-    fn became_ready(&mut self, i: usize) {
-        let now = Instant::now();
-        let oneshot = self.services[i].spec.readiness == Readiness::Exited;
-        self.set_state(i, if oneshot { State::Done } else { State::Running }, "");
-        let s = &mut self.services[i];
-        s.first_ready.get_or_insert(now);
-        s.ready_since = Some(now);
-        s.deadline = None;
-        self.schedule();
-    }
-
-    fn check_overall(&mut self) {
-        if self.ready_at.is_none()
-            && self.shutdown.is_none()
-            && self.plan_error.is_none()
-            && (0..self.services.len()).all(|i| self.is_ready(i) || !self.services[i].wanted)
-        {
-            let now = Instant::now();
-            self.ready_at = Some(now);
-            self.console.say(&format!("ready in {:.2}s", now.duration_since(self.t0).as_secs_f64()));
-        }
-        if !self.announced_degraded
-            && let Some(f) = self.services.iter().find(|s| s.state == State::Failed)
-        {
-            self.announced_degraded = true;
-            self.console.say(&format!("degraded: service {} failed ({})", f.spec.name, f.detail));
-        }
+    /// Starts what can start (the first input of a boot).
+    pub fn schedule(&mut self) {
+        self.core.schedule(Instant::now());
+        self.perform();
     }
 
     /// Reaps every exited child; called on SIGCHLD. Orphans re-parented to nasinit are reaped too.
@@ -359,436 +232,99 @@ impl Supervisor {
                 Ok(status) => {
                     let Some(pid) = status.pid() else { continue };
                     let (ok, text) = describe(&status);
-                    if let Some(i) = self.services.iter().position(|s| s.pid == Some(pid)) {
-                        self.services[i].pid = None;
-                        self.services[i].last_exit = text;
-                        self.on_main_exit(i, ok);
-                    } else if let Some(i) = self.services.iter().position(|s| s.helper == Some(pid)) {
-                        self.services[i].helper = None;
-                        self.on_helper_exit(i, ok, &text);
+                    let now = Instant::now();
+                    if let Some(i) = self.handles.iter().position(|h| h.pid == Some(pid)) {
+                        self.handles[i].pid = None;
+                        self.core.main_exited(i, ok, &text, now);
+                    } else if let Some(i) = self.handles.iter().position(|h| h.helper == Some(pid)) {
+                        self.handles[i].helper = None;
+                        self.core.helper_exited(i, ok, &text, now);
                     } else {
                         self.orphans_reaped += 1;
                     }
+                    self.perform();
                 }
             }
-        }
-        self.schedule();
-        self.maybe_finish_shutdown();
-    }
-
-    fn on_main_exit(&mut self, i: usize, ok: bool) {
-        if let Some(cg) = &self.services[i].cgroup {
-            // The main process is gone; whatever it left behind goes with it.
-            cgroup::kill_all(cg);
-        }
-        self.services[i].deadline = None;
-        if self.services[i].state == State::Stopping {
-            // During the stop command the service may exit by itself; the stop command's own
-            // exit then finishes the stop.
-            if self.services[i].stop_phase != Some(StopPhase::StopCommand) {
-                self.finish_stop(i);
-            }
-            return;
-        }
-        if self.services[i].spec.readiness == Readiness::Exited && ok {
-            self.services[i].failures_in_row = 0;
-            self.became_ready(i);
-            return;
-        }
-        self.after_exit(i, ok);
-    }
-
-    /// Decides what follows an unplanned exit (or a failed start): restart after backoff, or stop.
-    fn after_exit(&mut self, i: usize, ok: bool) {
-        let now = Instant::now();
-        let s = &mut self.services[i];
-        let policy = s.spec.restart.clone();
-        let restart = match policy.when {
-            Restart::Always => true,
-            Restart::OnFailure => !ok,
-            Restart::Never => false,
-        };
-        if self.shutdown.is_some() || !s.wanted {
-            return self.set_state(i, State::Stopped, "");
-        }
-        if !restart {
-            let last = s.last_exit.clone();
-            return if ok {
-                self.set_state(i, State::Stopped, "exited")
-            } else {
-                self.set_state(i, State::Failed, format!("{last}; restart policy {:?}", policy.when))
-            };
-        }
-        let window = Duration::from_millis(policy.start_limit_window_ms);
-        while s.recent_starts.front().is_some_and(|t| now.duration_since(*t) > window) {
-            s.recent_starts.pop_front();
-        }
-        if s.recent_starts.len() >= policy.start_limit as usize {
-            let detail = format!(
-                "start limit: {} starts within {}s, last {}",
-                s.recent_starts.len(),
-                window.as_secs(),
-                s.last_exit
-            );
-            self.set_state(i, State::Failed, detail);
-            self.check_overall();
-            return;
-        }
-        if s.ready_since.is_some_and(|t| now.duration_since(t) >= STABLE_AFTER) {
-            s.failures_in_row = 0;
-        }
-        s.failures_in_row = s.failures_in_row.saturating_add(1);
-        let shift = (s.failures_in_row - 1).min(20);
-        let delay = policy.backoff_initial_ms.saturating_mul(1 << shift).min(policy.backoff_max_ms);
-        s.deadline = Some(now + Duration::from_millis(delay));
-        let last = s.last_exit.clone();
-        self.set_state(i, State::Backoff, format!("{last}; restarting in {delay} ms"));
-        if delay == 0 {
-            self.services[i].deadline = None;
-            self.set_state(i, State::Waiting, "");
-        }
-    }
-
-    fn on_helper_exit(&mut self, i: usize, ok: bool, text: &str) {
-        match (self.services[i].state, self.services[i].stop_phase) {
-            (State::Stopping, Some(StopPhase::StopCommand)) => {
-                if !ok {
-                    let line = format!("nasinit: stop command {text}");
-                    self.services[i].log.push(&line);
-                }
-                self.terminate(i);
-            }
-            (State::Starting, _) if matches!(self.services[i].spec.readiness, Readiness::Check { .. }) => {
-                if ok {
-                    self.became_ready(i);
-                } else if let Readiness::Check { interval_ms, .. } = self.services[i].spec.readiness {
-                    self.services[i].deadline = Some(Instant::now() + Duration::from_millis(interval_ms));
-                }
-            }
-            _ => {}
         }
     }
 
     /// The earliest instant at which something is due, if anything is.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.services.iter().filter_map(|s| s.deadline).min()
+        self.core.next_deadline()
     }
 
     /// Handles every deadline that has passed.
     pub fn on_deadline(&mut self) {
-        let now = Instant::now();
-        for i in 0..self.services.len() {
-            if self.services[i].deadline.is_none_or(|d| d > now) {
-                continue;
-            }
-            self.services[i].deadline = None;
-            match (self.services[i].state, self.services[i].stop_phase) {
-                (State::Backoff, _) => self.set_state(i, State::Waiting, ""),
-                (State::Starting, _) => {
-                    if let Readiness::Check { command, .. } = self.services[i].spec.readiness.clone()
-                        && self.services[i].helper.is_none()
-                    {
-                        match process::spawn_helper(&command, &self.services[i].spec.environment) {
-                            Ok(pid) => self.services[i].helper = Some(pid),
-                            Err(e) => {
-                                let line = format!("nasinit: readiness check failed to start: {e}");
-                                self.services[i].log.push(&line);
-                                self.services[i].deadline = Some(now + Duration::from_secs(1));
-                            }
-                        }
-                    }
-                }
-                (State::Stopping, Some(StopPhase::StopCommand)) => {
-                    if let Some(h) = self.services[i].helper.take() {
-                        let _ = kill(h, Signal::SIGKILL);
-                    }
-                    self.services[i].log.push("nasinit: stop command timed out");
-                    self.terminate(i);
-                }
-                (State::Stopping, Some(StopPhase::Term)) => {
-                    let name = self.services[i].spec.name.clone();
-                    self.services[i].log.push("nasinit: stop timed out, killing the service's cgroup");
-                    self.console.say(&format!("{name}: did not stop in time, killed"));
-                    self.kill_service(i);
-                    self.services[i].stop_phase = Some(StopPhase::Kill);
-                    self.services[i].deadline = Some(now + Duration::from_secs(5));
-                }
-                (State::Stopping, Some(StopPhase::Kill)) => {
-                    // SIGKILL cannot be ignored; a process in uninterruptible sleep (D state) is
-                    // what remains. Do not wait on it forever.
-                    let name = self.services[i].spec.name.clone();
-                    self.console.say(&format!("{name}: still not gone after SIGKILL, giving up on it"));
-                    self.services[i].pid = None;
-                    self.finish_stop(i);
-                }
-                _ => {}
-            }
-        }
-        self.schedule();
-        self.maybe_finish_shutdown();
-    }
-
-    fn kill_service(&mut self, i: usize) {
-        match (&self.services[i].cgroup, self.services[i].pid) {
-            (Some(cg), _) => cgroup::kill_all(cg),
-            (None, Some(pid)) => {
-                let _ = kill(Pid::from_raw(-pid.as_raw()), Signal::SIGKILL);
-            }
-            (None, None) => {}
-        }
-    }
-
-    /// Begins stopping a service: its stop command first (if any), then SIGTERM, then SIGKILL.
-    fn begin_stop(&mut self, i: usize) {
-        let s = &self.services[i];
-        let running = s.pid.is_some();
-        let stop_cmd = s.spec.stop_command.clone();
-        match s.state {
-            State::Stopping | State::Stopped | State::Failed => return,
-            State::Waiting | State::Backoff => {
-                self.services[i].deadline = None;
-                return self.set_state(i, State::Stopped, "");
-            }
-            State::Done if stop_cmd.is_none() => return self.set_state(i, State::Stopped, ""),
-            _ => {}
-        }
-        self.set_state(i, State::Stopping, "");
-        let timeout = Duration::from_millis(self.services[i].spec.stop_timeout_ms);
-        if let Some(cmd) = stop_cmd {
-            match process::spawn_helper(&cmd, &self.services[i].spec.environment) {
-                Ok(pid) => {
-                    self.services[i].helper = Some(pid);
-                    self.services[i].stop_phase = Some(StopPhase::StopCommand);
-                    self.services[i].deadline = Some(Instant::now() + timeout);
-                    return;
-                }
-                Err(e) => self.services[i].log.push(&format!("nasinit: stop command failed to start: {e}")),
-            }
-        }
-        if running {
-            self.terminate(i);
-        } else {
-            self.finish_stop(i);
-        }
-    }
-
-    fn terminate(&mut self, i: usize) {
-        let Some(pid) = self.services[i].pid else { return self.finish_stop(i) };
-        match &self.services[i].cgroup {
-            Some(cg) => cgroup::signal_all(cg, Signal::SIGTERM),
-            None => {
-                let _ = kill(Pid::from_raw(-pid.as_raw()), Signal::SIGTERM);
-            }
-        }
-        self.services[i].stop_phase = Some(StopPhase::Term);
-        let timeout = Duration::from_millis(self.services[i].spec.stop_timeout_ms);
-        self.services[i].deadline = Some(Instant::now() + timeout);
-    }
-
-    fn finish_stop(&mut self, i: usize) {
-        self.kill_service(i);
-        self.services[i].stop_phase = None;
-        self.services[i].deadline = None;
-        if self.services[i].restart_requested && self.shutdown.is_none() {
-            self.services[i].restart_requested = false;
-            self.services[i].failures_in_row = 0;
-            self.services[i].recent_starts.clear();
-            self.set_state(i, State::Waiting, "");
-        } else {
-            self.set_state(i, State::Stopped, "");
-        }
+        self.core.deadline(Instant::now());
+        self.perform();
     }
 
     pub fn event(&mut self, ev: Event) {
+        let now = Instant::now();
         match ev {
             Event::Output { svc, line } => {
-                if let Some(s) = self.services.get_mut(svc) {
-                    s.log.push(&line);
+                if let Some(h) = self.handles.get_mut(svc) {
+                    h.log.push(&line);
                 }
             }
-            Event::Notify { svc, message } => {
-                let Some(s) = self.services.get_mut(svc) else { return };
-                for field in message.lines() {
-                    if let Some(status) = field.strip_prefix("STATUS=") {
-                        s.detail = status.to_string();
-                    }
-                }
-                if message.lines().any(|l| l == "READY=1") && s.state == State::Starting {
-                    self.became_ready(svc);
-                }
-            }
-            Event::ReadyFd { svc, generation } => {
-                let current =
-                    self.services.get(svc).is_some_and(|s| s.generation == generation && s.state == State::Starting);
-                if current {
-                    self.became_ready(svc);
-                }
-            }
+            Event::Notify { svc, message } => self.core.notify(svc, &message, now),
+            Event::ReadyFd { svc, generation } => self.core.ready_fd(svc, generation, now),
         }
+        self.perform();
     }
 
     pub fn request(&mut self, req: Request) {
+        let now = Instant::now();
         match req {
             Request::Status(tx) => {
                 let _ = tx.send(self.status());
             }
             Request::Services(tx) => {
-                let _ = tx.send(self.service_infos());
+                let pids: Vec<Option<Pid>> = self.handles.iter().map(|h| h.pid).collect();
+                let _ = tx.send(view::services(&self.core, &pids));
             }
             Request::Start(name, tx) => {
-                let r = self.lookup(&name).map(|i| {
-                    self.services[i].wanted = true;
-                    if matches!(self.services[i].state, State::Stopped | State::Failed) {
-                        self.services[i].failures_in_row = 0;
-                        self.services[i].recent_starts.clear();
-                        self.set_state(i, State::Waiting, "");
-                    }
-                    self.schedule();
-                });
-                let _ = tx.send(r);
+                let _ = tx.send(self.core.request_start(&name, now));
             }
             Request::Stop(name, tx) => {
-                let r = self.lookup(&name).map(|i| {
-                    self.services[i].wanted = false;
-                    self.begin_stop(i);
-                });
-                let _ = tx.send(r);
+                let _ = tx.send(self.core.request_stop(&name, now));
             }
             Request::Restart(name, tx) => {
-                let r = self.lookup(&name).map(|i| {
-                    self.services[i].wanted = true;
-                    match self.services[i].state {
-                        State::Starting | State::Running | State::Done => {
-                            self.services[i].restart_requested = true;
-                            self.begin_stop(i);
-                        }
-                        State::Stopping => self.services[i].restart_requested = true,
-                        _ => {
-                            self.services[i].failures_in_row = 0;
-                            self.services[i].recent_starts.clear();
-                            self.services[i].deadline = None;
-                            self.set_state(i, State::Waiting, "");
-                        }
-                    }
-                    self.schedule();
-                });
-                let _ = tx.send(r);
+                let _ = tx.send(self.core.request_restart(&name, now));
             }
             Request::Logs(name, cursor, max, tx) => {
-                let r = self.lookup(&name).map(|i| self.services[i].log.page(cursor, max.min(10_000)));
+                let r = self.core.lookup(&name).map(|i| self.handles[i].log.page(cursor, max.min(10_000)));
                 let _ = tx.send(r);
             }
             Request::Timeline(tx) => {
-                let t = self
-                    .services
-                    .iter()
-                    .map(|s| TimelineEntry {
-                        name: s.spec.name.clone(),
-                        started_ms: self.ms(s.first_start),
-                        ready_ms: self.ms(s.first_ready),
-                    })
-                    .collect();
-                let _ = tx.send(t);
+                let _ = tx.send(view::timeline(&self.core));
             }
             Request::Shutdown(kind, tx) => {
-                self.begin_shutdown(kind);
+                self.core.begin_shutdown(kind, now);
                 let _ = tx.send(());
             }
         }
-    }
-
-    fn lookup(&self, name: &str) -> Result<usize, String> {
-        self.by_name.get(name).copied().ok_or_else(|| {
-            let names: Vec<&str> = self.services.iter().map(|s| s.spec.name.as_str()).collect();
-            format!("no service named `{name}` (services: {})", names.join(", "))
-        })
+        self.perform();
     }
 
     pub fn status(&self) -> Status {
-        let failed = self.services.iter().filter(|s| s.state == State::Failed).count() as u32;
-        let state = if self.shutdown.is_some() {
-            "stopping"
-        } else if self.plan_error.is_some() || failed > 0 {
-            "degraded"
-        } else if self.ready_at.is_some() {
-            "ready"
-        } else {
-            "starting"
-        };
-        Status {
-            state: state.to_string(),
-            hostname: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
-            image: self.plan.image.name.clone(),
-            version: self.plan.image.version.clone(),
-            pid1: self.pid1,
-            uptime_ms: self.t0.elapsed().as_millis() as i64,
-            ready_ms: self.ms(self.ready_at),
-            kernel_ms: self.kernel_ms,
-            services: self.services.len() as u32,
-            services_ready: (0..self.services.len()).filter(|&i| self.is_ready(i)).count() as u32,
-            services_failed: failed,
-            orphans_reaped: self.orphans_reaped,
-        }
+        let hostname = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+        view::status(
+            &self.core,
+            &view::Box { hostname, plan: &self.plan, pid1: self.pid1, kernel_ms: self.kernel_ms },
+            self.orphans_reaped,
+        )
     }
 
-    fn service_infos(&self) -> Vec<ServiceInfo> {
-        self.services
-            .iter()
-            .map(|s| ServiceInfo {
-                name: s.spec.name.clone(),
-                state: s.state.name().to_string(),
-                pid: s.pid.map_or(0, |p| p.as_raw() as u32),
-                restarts: s.restarts,
-                since_ms: self.ms(Some(s.since)),
-                started_ms: self.ms(s.first_start),
-                ready_ms: self.ms(s.first_ready),
-                last_exit: s.last_exit.clone(),
-                detail: s.detail.clone(),
-            })
-            .collect()
-    }
-
-    /// Stops services in reverse dependency order: a service stops once everything that depends
-    /// on it has stopped.
+    /// Stops services in reverse dependency order.
     pub fn begin_shutdown(&mut self, kind: ShutdownKind) {
-        if self.shutdown.is_none() {
-            self.console.say(&format!("{kind:?} requested: stopping services").to_lowercase());
-        }
-        self.shutdown = Some(kind);
-        self.advance_shutdown();
-    }
-
-    fn advance_shutdown(&mut self) {
-        if self.shutdown.is_none() {
-            return;
-        }
-        // Stopping one service may complete at once (it was not running) and free its
-        // dependencies in turn: repeat until nothing more can begin.
-        loop {
-            let before: Vec<State> = self.services.iter().map(|s| s.state).collect();
-            for i in (0..self.services.len()).rev() {
-                let dependents_down = (0..self.services.len())
-                    .filter(|&j| self.services[j].deps.contains(&i))
-                    .all(|j| matches!(self.services[j].state, State::Stopped | State::Failed));
-                if dependents_down {
-                    self.begin_stop(i);
-                }
-            }
-            if self.services.iter().map(|s| s.state).eq(before) {
-                break;
-            }
-        }
-    }
-
-    fn maybe_finish_shutdown(&mut self) {
-        self.advance_shutdown();
+        self.core.begin_shutdown(kind, Instant::now());
+        self.perform();
     }
 
     /// The shutdown kind once every service has stopped; `None` while some still run.
     pub fn shutdown_complete(&self) -> Option<ShutdownKind> {
-        let kind = self.shutdown?;
-        let done = self.services.iter().all(|s| matches!(s.state, State::Stopped | State::Failed) && s.pid.is_none());
-        done.then_some(kind)
+        self.core.shutdown_complete()
     }
 
     pub fn cgroups(&self) -> Option<&CgroupRoot> {
@@ -798,7 +334,7 @@ impl Supervisor {
     fn bind_notify(&self, i: usize) -> std::io::Result<PathBuf> {
         let dir = self.run_dir.join("notify");
         std::fs::create_dir_all(&dir)?;
-        let path = dir.join(&self.services[i].spec.name);
+        let path = dir.join(&self.core.services[i].spec.name);
         let _ = std::fs::remove_file(&path);
         let sock = tokio::net::UnixDatagram::bind(&path)?;
         let tx = self.events.clone();

@@ -1,0 +1,372 @@
+//! Property tests of the supervisor's decision core: random service graphs driven by random
+//! sequences of process exits, readiness messages, requests, signals and passing time, through a
+//! simulated world that carries out the core's actions. After every step the invariants of
+//! `init/src/machine.rs` must hold, and a shutdown must always complete.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use nasos_api::ShutdownKind;
+use nasos_board::plan::{Readiness, Restart, RestartPolicy, Service};
+use nasos_init::machine::{Action, Core, Helper, State};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Svc {
+    after: Vec<usize>,
+    readiness: u8,
+    restart: u8,
+    backoff_ms: u64,
+    start_limit: u32,
+    stop_command: bool,
+    stop_timeout_ms: u64,
+    /// Ignores SIGTERM.
+    stubborn: bool,
+    /// Survives SIGKILL (a process stuck in D state).
+    unkillable: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Exit(usize, bool),
+    Ready(usize),
+    HelperExit(usize, bool),
+    Reap,
+    Advance(u64),
+    Start(usize),
+    Stop(usize),
+    Restart(usize),
+    Shutdown,
+}
+
+fn svc(n: usize) -> impl Strategy<Value = Svc> {
+    (
+        proptest::collection::vec(0..n.max(1), 0..3),
+        0u8..5,
+        0u8..3,
+        prop_oneof![Just(0u64), Just(100), Just(1000)],
+        1u32..5,
+        any::<bool>(),
+        100u64..3000,
+        any::<bool>(),
+        proptest::bool::weighted(0.1),
+    )
+        .prop_map(
+            |(
+                after,
+                readiness,
+                restart,
+                backoff_ms,
+                start_limit,
+                stop_command,
+                stop_timeout_ms,
+                stubborn,
+                unkillable,
+            )| {
+                Svc {
+                    after,
+                    readiness,
+                    restart,
+                    backoff_ms,
+                    start_limit,
+                    stop_command,
+                    stop_timeout_ms,
+                    stubborn,
+                    unkillable,
+                }
+            },
+        )
+}
+
+fn op(n: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..n, any::<bool>()).prop_map(|(i, ok)| Op::Exit(i, ok)),
+        4 => (0..n).prop_map(Op::Ready),
+        2 => (0..n, any::<bool>()).prop_map(|(i, ok)| Op::HelperExit(i, ok)),
+        4 => Just(Op::Reap),
+        4 => (1u64..4000).prop_map(Op::Advance),
+        1 => (0..n).prop_map(Op::Start),
+        1 => (0..n).prop_map(Op::Stop),
+        1 => (0..n).prop_map(Op::Restart),
+        1 => Just(Op::Shutdown),
+    ]
+}
+
+fn name(i: usize) -> String {
+    format!("s{i}")
+}
+
+/// Service `i` may only come after services before it, so every graph is acyclic.
+fn plan(svcs: &[Svc]) -> Vec<Service> {
+    svcs.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut after: Vec<String> = s.after.iter().filter(|&&d| d < i).map(|&d| name(d)).collect();
+            after.dedup();
+            Service {
+                name: name(i),
+                command: vec!["/bin/service".into()],
+                after,
+                readiness: match s.readiness {
+                    0 => Readiness::Started,
+                    1 => Readiness::Exited,
+                    2 => Readiness::Notify,
+                    3 => Readiness::Fd { fd: 3 },
+                    _ => Readiness::Check { command: vec!["/bin/check".into()], interval_ms: 200 },
+                },
+                restart: RestartPolicy {
+                    when: [Restart::Always, Restart::OnFailure, Restart::Never][s.restart as usize],
+                    backoff_initial_ms: s.backoff_ms,
+                    backoff_max_ms: 5_000,
+                    start_limit: s.start_limit,
+                    start_limit_window_ms: 60_000,
+                },
+                stop_command: s.stop_command.then(|| vec!["/bin/stop".into()]),
+                stop_timeout_ms: s.stop_timeout_ms,
+                environment: BTreeMap::new(),
+                user: None,
+                working_directory: None,
+            }
+        })
+        .collect()
+}
+
+/// Processes as the simulated kernel sees them.
+#[derive(Default, Clone)]
+struct Proc {
+    main: bool,
+    /// Signalled and will be reaped at the next `Reap`.
+    main_dying: bool,
+    helper: Option<Helper>,
+    helper_dying: bool,
+}
+
+struct World {
+    core: Core,
+    svcs: Vec<Svc>,
+    procs: Vec<Proc>,
+    now: Instant,
+    spawn_fails: std::iter::Cycle<std::vec::IntoIter<bool>>,
+}
+
+impl World {
+    fn deps_ready(&self, i: usize) -> bool {
+        self.core.services[i].deps.iter().all(|&d| self.core.services[d].state.is_ready())
+    }
+
+    /// Carries out the core's actions, checking what must hold at the moment of each.
+    fn drain(&mut self) -> Result<(), TestCaseError> {
+        loop {
+            let actions = self.core.take_actions();
+            if actions.is_empty() {
+                return Ok(());
+            }
+            for a in actions {
+                match a {
+                    Action::Start(i) => {
+                        prop_assert!(self.core.shutdown.is_none(), "s{i} started during a shutdown");
+                        prop_assert!(self.deps_ready(i), "s{i} started before its dependencies were ready");
+                        prop_assert!(!self.procs[i].main, "s{i} started twice");
+                        if self.spawn_fails.next().unwrap_or(false) {
+                            self.core.start_failed(i, "no such file", self.now);
+                        } else {
+                            self.procs[i].main = true;
+                            self.procs[i].main_dying = false;
+                            self.core.started(i, self.now);
+                        }
+                    }
+                    Action::StartHelper(i, kind) => {
+                        self.procs[i].helper = Some(kind);
+                        self.procs[i].helper_dying = false;
+                    }
+                    Action::KillHelper(i) => self.procs[i].helper_dying = self.procs[i].helper.is_some(),
+                    Action::Terminate(i) => {
+                        if self.procs[i].main && !self.svcs[i].stubborn {
+                            self.procs[i].main_dying = true;
+                        }
+                    }
+                    Action::Kill(i) => {
+                        if self.procs[i].main && !self.svcs[i].unkillable {
+                            self.procs[i].main_dying = true;
+                        }
+                    }
+                    Action::Abandon(i) => self.procs[i] = Proc { helper: self.procs[i].helper, ..Proc::default() },
+                    Action::Say(_) | Action::Log(..) => {}
+                }
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        for i in 0..self.procs.len() {
+            if self.procs[i].main && self.procs[i].main_dying {
+                self.procs[i].main = false;
+                self.procs[i].main_dying = false;
+                self.core.main_exited(i, false, "signal 9", self.now);
+            }
+            if self.procs[i].helper.is_some() && self.procs[i].helper_dying {
+                self.procs[i].helper = None;
+                self.procs[i].helper_dying = false;
+                self.core.helper_exited(i, false, "signal 9", self.now);
+            }
+        }
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.now += Duration::from_millis(ms);
+        if self.core.next_deadline().is_some_and(|d| d <= self.now) {
+            self.core.deadline(self.now);
+        }
+    }
+
+    fn step(&mut self, op: &Op) {
+        let now = self.now;
+        match *op {
+            Op::Exit(i, ok) => {
+                if self.procs[i].main {
+                    self.procs[i].main = false;
+                    self.core.main_exited(i, ok, if ok { "exit 0" } else { "exit 1" }, now);
+                }
+            }
+            Op::Ready(i) => {
+                if self.procs[i].main {
+                    let generation = self.core.services[i].generation;
+                    self.core.notify(i, "READY=1", now);
+                    self.core.ready_fd(i, generation, now);
+                }
+            }
+            Op::HelperExit(i, ok) => {
+                if self.procs[i].helper.take().is_some() {
+                    self.core.helper_exited(i, ok, "exit", now);
+                }
+            }
+            Op::Reap => self.reap(),
+            Op::Advance(ms) => self.advance(ms),
+            Op::Start(i) => {
+                let _ = self.core.request_start(&name(i), now);
+            }
+            Op::Stop(i) => {
+                let _ = self.core.request_stop(&name(i), now);
+            }
+            Op::Restart(i) => {
+                let _ = self.core.request_restart(&name(i), now);
+            }
+            Op::Shutdown => self.core.begin_shutdown(ShutdownKind::Poweroff, now),
+        }
+    }
+
+    /// What must hold between steps.
+    fn check(&self, before: &[State]) -> Result<(), TestCaseError> {
+        let core = &self.core;
+        for (i, s) in core.services.iter().enumerate() {
+            if s.state == State::Stopping {
+                prop_assert!(s.deadline.is_some(), "s{i} is stopping with no deadline");
+            }
+            if core.shutdown.is_none() {
+                let startable = s.state == State::Waiting && s.wanted && self.deps_ready(i);
+                prop_assert!(!startable, "s{i} could start but was left waiting");
+            } else if s.state == State::Stopping && before[i] != State::Stopping {
+                for (j, d) in core.services.iter().enumerate() {
+                    if d.deps.contains(&i) {
+                        prop_assert!(
+                            matches!(d.state, State::Stopped | State::Failed),
+                            "s{i} began to stop while s{j}, which depends on it, was {:?}",
+                            d.state
+                        );
+                    }
+                }
+            }
+            prop_assert_eq!(s.running, self.procs[i].main, "s{} running flag", i);
+        }
+        Ok(())
+    }
+}
+
+fn world(svcs: Vec<Svc>, spawn_fails: Vec<bool>) -> World {
+    let t0 = Instant::now();
+    let n = svcs.len();
+    let mut fails = spawn_fails;
+    fails.push(false);
+    World {
+        core: Core::new(plan(&svcs), t0),
+        svcs,
+        procs: vec![Proc::default(); n],
+        now: t0,
+        spawn_fails: fails.into_iter().cycle(),
+    }
+}
+
+fn services_and_ops() -> impl Strategy<Value = (Vec<Svc>, Vec<Op>, Vec<bool>)> {
+    (2usize..7).prop_flat_map(|n| {
+        (
+            proptest::collection::vec(svc(n), n),
+            proptest::collection::vec(op(n), 0..120),
+            proptest::collection::vec(proptest::bool::weighted(0.15), 1..20),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_and_shutdown_completes((svcs, ops, fails) in services_and_ops()) {
+        let mut w = world(svcs, fails);
+        w.core.schedule(w.now);
+        w.drain()?;
+        w.check(&vec![State::Waiting; w.svcs.len()])?;
+        for op in &ops {
+            let before: Vec<State> = w.core.services.iter().map(|s| s.state).collect();
+            w.step(op);
+            w.drain()?;
+            w.check(&before)?;
+        }
+        // However it got here, a shutdown ends: processes that ignore SIGTERM are killed, ones
+        // that survive SIGKILL are given up on, stop commands that hang time out.
+        let before: Vec<State> = w.core.services.iter().map(|s| s.state).collect();
+        w.core.begin_shutdown(ShutdownKind::Reboot, w.now);
+        w.drain()?;
+        w.check(&before)?;
+        for _ in 0..200 {
+            if w.core.shutdown_complete().is_some() {
+                break;
+            }
+            let before: Vec<State> = w.core.services.iter().map(|s| s.state).collect();
+            w.reap();
+            w.drain()?;
+            w.advance(1000);
+            w.drain()?;
+            w.check(&before)?;
+        }
+        prop_assert_eq!(w.core.shutdown_complete(), Some(ShutdownKind::Reboot), "shutdown did not complete: {:?}",
+            w.core.services.iter().map(|s| (s.state, s.running, s.helper)).collect::<Vec<_>>());
+    }
+}
+
+/// A service that fails at once, forever, with no backoff, does not keep an unrelated service
+/// from starting and becoming ready; it ends up failed by its start limit.
+#[test]
+fn a_crash_loop_does_not_starve_the_others() {
+    let crash = Svc {
+        after: vec![],
+        readiness: 0,
+        restart: 0,
+        backoff_ms: 0,
+        start_limit: 4,
+        stop_command: false,
+        stop_timeout_ms: 1000,
+        stubborn: false,
+        unkillable: false,
+    };
+    let mut other = crash.clone();
+    other.readiness = 2;
+    let mut w = world(vec![crash, other], vec![true, false, true, true, true]);
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    assert_eq!(w.core.services[0].state, State::Failed, "{:?}", w.core.services[0].detail);
+    assert!(w.core.services[0].detail.starts_with("start limit: 4 starts"), "{}", w.core.services[0].detail);
+    assert_eq!(w.core.services[1].state, State::Starting);
+    w.step(&Op::Ready(1));
+    w.drain().expect("invariants");
+    assert_eq!(w.core.services[1].state, State::Running);
+}
