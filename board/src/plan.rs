@@ -101,7 +101,6 @@ pub struct VlanPlan {
 pub struct FabricPlan {
     pub lossless_priority: u8,
     pub pfc_required: bool,
-    pub ecn: bool,
     /// ETS shares per traffic class, or `None` to leave the NIC's ETS alone.
     pub ets_bandwidth: Option<[u8; 8]>,
     /// DSCP → priority entries for the DCB APP table.
@@ -186,7 +185,7 @@ pub struct NfsPlan {
 pub struct ExportPlan {
     pub dataset: String,
     pub path: String,
-    pub tcp: bool,
+    /// Its clients mount it over RDMA (what made nfsd listen on the RDMA port).
     pub rdma: bool,
     pub clients: Vec<ExportClientPlan>,
 }
@@ -241,7 +240,7 @@ impl Plan {
                 pool_capacity_warn_percent: 80,
                 check_interval_seconds: 10,
             },
-            upgrade: UpgradePlan { public_keys: Vec::new(), boot_tries: 3 },
+            upgrade: UpgradePlan { boot_tries: 3 },
             services: Vec::new(),
         }
     }
@@ -274,7 +273,6 @@ pub struct HealthPlan {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpgradePlan {
-    pub public_keys: Vec<String>,
     pub boot_tries: u32,
 }
 
@@ -465,7 +463,6 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     let fabric = r.fabric.as_ref().map(|f| FabricPlan {
         lossless_priority: clamp_u8(f.lossless_priority),
         pfc_required: f.pfc_required,
-        ecn: f.ecn,
         ets_bandwidth: f.ets_bandwidth.as_ref().and_then(|v| {
             let arr: Vec<u8> = v.iter().map(|x| clamp_u8(*x)).collect();
             arr.try_into().ok()
@@ -542,7 +539,6 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
                 .map(|e| ExportPlan {
                     dataset: e.dataset.clone(),
                     path: format!("{EXPORT_ROOT}/{}", e.dataset),
-                    tcp: e.tcp,
                     rdma: e.rdma,
                     clients: e
                         .clients
@@ -608,7 +604,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         datasets,
         nfs,
         health,
-        upgrade: UpgradePlan { public_keys: r.upgrade.public_keys.clone(), boot_tries: r.upgrade.boot_tries },
+        upgrade: UpgradePlan { boot_tries: r.upgrade.boot_tries },
         services,
     }
 }
@@ -769,12 +765,7 @@ impl fmt::Display for Plan {
         if let Some(fab) = &self.fabric {
             writeln!(f, "\nfabric (RoCE v2)")?;
             let req = if fab.pfc_required { "required" } else { "best effort" };
-            writeln!(
-                f,
-                "  PFC on priority {} ({req}), ECN {}",
-                fab.lossless_priority,
-                if fab.ecn { "on" } else { "off" }
-            )?;
+            writeln!(f, "  PFC on priority {} ({req})", fab.lossless_priority)?;
             match &fab.ets_bandwidth {
                 Some(ets) => writeln!(f, "  ETS shares (tc0..tc7)  {ets:?}")?,
                 None => writeln!(f, "  ETS left as the NIC has it")?,
@@ -848,7 +839,7 @@ impl fmt::Display for Plan {
             h.nvme_temperature_warn_celsius, h.pool_capacity_warn_percent, h.check_interval_seconds
         )?;
         writeln!(f, "\nupgrade")?;
-        writeln!(f, "  {} trusted key(s), {} boot tries", self.upgrade.public_keys.len(), self.upgrade.boot_tries)?;
+        writeln!(f, "  {} boot tries before the previous slot boots again", self.upgrade.boot_tries)?;
         writeln!(f, "\nservices")?;
         for s in &self.services {
             let after = if s.after.is_empty() { String::new() } else { format!(" after {}", s.after.join(", ")) };

@@ -173,13 +173,6 @@ pub struct Fabric {
     /// DSCP → priority entries of the DCB APP table (RoCE data is usually DSCP 26 → 3, CNP 48 → 6).
     #[serde(default)]
     pub dscp: Vec<DscpMapping>,
-    /// Explicit congestion notification for RoCE (DCQCN).
-    #[serde(default = "default_true")]
-    pub ecn: bool,
-}
-
-fn default_true() -> bool {
-    true
 }
 
 /// One DSCP → priority mapping.
@@ -391,10 +384,12 @@ impl NfsVersion {
 pub struct Export {
     /// The dataset to export (a name from `[[datasets]]`).
     pub dataset: String,
-    /// Serve it over TCP (port 2049).
+    /// Served over TCP (port 2049). Always: nfsd's listeners serve every export, so `false` is
+    /// refused.
     #[serde(default = "default_true")]
     pub tcp: bool,
-    /// Serve it over RDMA (needs a fabric link with RDMA).
+    /// Served over RDMA: nfsd then listens on the RDMA port (needs a fabric link with RDMA). The
+    /// listener serves every export, so one export asking for RDMA makes all reachable over it.
     #[serde(default)]
     pub rdma: bool,
     /// Client networks allowed to mount it.
@@ -479,9 +474,6 @@ fn default_interval() -> u32 {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Upgrade {
-    /// minisign public keys (the base64 line of a `.pub` file) trusted to sign upgrade bundles.
-    #[serde(default)]
-    pub public_keys: Vec<String>,
     /// Boots a new slot gets before systemd-boot falls back to the previous one (1–10).
     #[serde(default = "default_tries")]
     #[schemars(range(min = 1, max = 10))]
@@ -490,8 +482,12 @@ pub struct Upgrade {
 
 impl Default for Upgrade {
     fn default() -> Self {
-        Upgrade { public_keys: Vec::new(), boot_tries: default_tries() }
+        Upgrade { boot_tries: default_tries() }
     }
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_tries() -> u32 {

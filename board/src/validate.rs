@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use base64::Engine as _;
 use ipnet::IpNet;
 
 use crate::board::{Board, DeviceMatch, Port};
@@ -86,7 +85,6 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     pools(&mut c, r, board);
     datasets(&mut c, r);
     nfs(&mut c, r);
-    upgrade(&mut c, r);
     c.out
 }
 
@@ -485,11 +483,25 @@ fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
         if !exportable.contains(&e.dataset.as_str()) {
             c.unknown(&ep.key("dataset"), "dataset", &e.dataset, &exportable, "[[datasets]]");
         }
-        if !e.tcp && !e.rdma {
+        if !e.tcp {
+            // The kernel's nfsd has one set of listeners for all exports: an export cannot be
+            // kept off TCP, and a setting that cannot be applied is refused.
             c.error(
-                &ep,
-                format!("export of `{}` is served on neither TCP nor RDMA", e.dataset),
-                "set tcp = true or rdma = true".to_string(),
+                &ep.key("tcp"),
+                format!("export of `{}` cannot be kept off TCP: nfsd serves every export on every listener", e.dataset),
+                "remove tcp = false; limit who mounts it with its clients networks".to_string(),
+            );
+        }
+        if !e.rdma
+            && let Some(other) = nfs.exports.iter().find(|o| o.rdma)
+        {
+            c.warn(
+                &ep.key("rdma"),
+                format!(
+                    "export of `{}` is reachable over RDMA too: nfsd listens on RDMA for `{}`, and its listeners serve every export",
+                    e.dataset, other.dataset
+                ),
+                "set rdma = true to say so, or move it to another box".to_string(),
             );
         }
         if e.rdma && rdma_links.is_empty() {
@@ -530,27 +542,6 @@ fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
                 Ok(_) => {}
             }
         }
-    }
-}
-
-fn upgrade(c: &mut Checker<'_, '_>, r: &Recipe) {
-    let p = Path::root().key("upgrade").key("public_keys");
-    for (i, key) in r.upgrade.public_keys.iter().enumerate() {
-        if let Err(why) = check_minisign_key(key) {
-            c.error(
-                &p.index(i),
-                why,
-                "paste the second line of a minisign .pub file (it starts with \"RW\")".to_string(),
-            );
-        }
-    }
-    c.unique("public key", r.upgrade.public_keys.iter().enumerate().map(|(i, k)| (k.as_str(), p.index(i))));
-    if r.upgrade.public_keys.is_empty() && !r.image.development {
-        c.warn(
-            &p,
-            "no upgrade key is trusted: this appliance will refuse every field upgrade bundle",
-            "add the release key's minisign public key to [upgrade] public_keys".to_string(),
-        );
     }
 }
 
@@ -676,17 +667,6 @@ fn check_crypt_hash(h: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_minisign_key(key: &str) -> Result<(), String> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(key.trim())
-        .map_err(|_| "public key is not valid base64".to_string())?;
-    // minisign: 2-byte algorithm "Ed", 8-byte key id, 32-byte Ed25519 key.
-    if bytes.len() != 42 || &bytes[..2] != b"Ed" {
-        return Err("public key is not a minisign Ed25519 public key".into());
-    }
-    Ok(())
-}
-
 fn is_slug(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -795,16 +775,5 @@ mod tests {
         assert!(check_crypt_hash("hunter2").is_err());
         assert!(check_crypt_hash("$1$abc$0123456789012345678901").is_err());
         assert!(check_crypt_hash("$6$salt$short").is_err());
-    }
-
-    #[test]
-    fn minisign_keys() {
-        let mut raw = b"Ed".to_vec();
-        raw.extend([7u8; 40]);
-        let key = base64::engine::general_purpose::STANDARD.encode(&raw);
-        assert!(check_minisign_key(&key).is_ok());
-        assert!(check_minisign_key("RWQnotakey").is_err());
-        let short = base64::engine::general_purpose::STANDARD.encode(&raw[..41]);
-        assert!(check_minisign_key(&short).is_err());
     }
 }

@@ -7,6 +7,7 @@ use anyhow::Context;
 use nasos_board::Plan;
 use nasos_layout::paths;
 
+pub mod health;
 pub mod inspect;
 pub mod nfsd;
 pub mod rdma;

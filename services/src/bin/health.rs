@@ -1,15 +1,19 @@
 //! nasos-health run: arms the board's hardware watchdog with the recipe's timeout and keeps it
-//! fed while the appliance is healthy; reports pool health. On SIGTERM (an orderly shutdown) it
+//! fed while the appliance is healthy; reports pool health and capacity, and NVMe drives over the
+//! recipe's temperature threshold. On SIGTERM (an orderly shutdown) it
 //! disarms the watchdog with the magic close, so poweroff is not raced by a reset.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nasos_layout::paths::BAY_DIR;
+use nasos_services::health;
 use nasos_services::signals::{Sig, Signals};
 use nasos_services::{notify_ready, plan, probe, say};
 
@@ -47,7 +51,8 @@ fn health() -> anyhow::Result<()> {
     let pet_every = Duration::from_secs(u64::try_from(timeout / 3).unwrap_or(1).max(1));
     let check_every = Duration::from_secs(u64::from(h.check_interval_seconds.max(1)));
     wd.write_all(b"\0")?;
-    check(&plan, true);
+    let mut hot = BTreeSet::new();
+    check(&plan, true, &mut hot);
     notify_ready(&format!("watchdog armed ({timeout}s)"))?;
     let (mut next_pet, mut next_check) = (Instant::now() + pet_every, Instant::now() + check_every);
     loop {
@@ -61,7 +66,7 @@ fn health() -> anyhow::Result<()> {
             next_pet = now + pet_every;
         }
         if now >= next_check {
-            check(&plan, false);
+            check(&plan, false, &mut hot);
             next_check = now + check_every;
         }
     }
@@ -71,8 +76,22 @@ fn health() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Pool health and fullness; prints a line when something is wrong (or always, at start).
-fn check(plan: &nasos_board::Plan, verbose: bool) {
+/// Pool health and fullness, drive temperatures; prints a line when something is wrong or
+/// changes (and everything, at start).
+fn check(plan: &nasos_board::Plan, verbose: bool, hot: &mut BTreeSet<String>) {
+    let bays: Vec<String> = plan.bays.iter().map(|b| b.name.clone()).collect();
+    let temps = health::nvme_temperatures(Path::new("/sys"), Path::new(BAY_DIR), &bays);
+    if verbose {
+        let read: Vec<String> = temps.iter().filter_map(|t| t.celsius.map(|c| format!("{} {c:.0}°C", t.bay))).collect();
+        say(format!(
+            "NVMe temperatures (warn above {}°C): {}",
+            plan.health.nvme_temperature_warn_celsius,
+            if read.is_empty() { "none reported".to_string() } else { read.join(", ") }
+        ));
+    }
+    for line in health::temperature_changes(&temps, plan.health.nvme_temperature_warn_celsius, hot) {
+        say(line);
+    }
     if plan.pools.is_empty() || !probe("zpool", &["version"]) {
         return;
     }
