@@ -15,6 +15,30 @@ use nasos_layout::paths::{BAY_DIR, EXPORT_ROOT, NASINIT};
 /// Bumped whenever the plan's JSON changes incompatibly.
 pub const PLAN_VERSION: u32 = 1;
 
+/// Why a plan file cannot be used.
+#[derive(Debug)]
+pub enum PlanError {
+    Json(serde_json::Error),
+    /// Made by a nasos whose plan format this one does not read.
+    Version(u32),
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::Json(e) => write!(f, "not a plan: {e}"),
+            PlanError::Version(v) => {
+                write!(
+                    f,
+                    "plan format version {v}, but this nasinit reads version {PLAN_VERSION}: image and programs disagree"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub plan_version: u32,
@@ -73,8 +97,6 @@ pub struct BayPlan {
     /// How nasinit finds the drive.
     #[serde(rename = "match")]
     pub matcher: DeviceMatch,
-    /// The stable path every later stage uses.
-    pub device: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,7 +178,6 @@ pub struct VdevPlan {
     #[serde(rename = "type")]
     pub kind: VdevKind,
     pub bays: Vec<String>,
-    pub devices: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -339,7 +360,6 @@ pub enum Restart {
 pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     let uses_zfs = !r.pools.is_empty();
     let rdma_exports = r.nfs.as_ref().is_some_and(|n| n.exports.iter().any(|e| e.rdma));
-    let bay_device = |bay: &str| format!("{BAY_DIR}/{bay}");
     let port_of = |name: &str| b.ports.iter().find(|p| p.name == name);
 
     let mut packages: Vec<String> = [
@@ -427,11 +447,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     let mut cmdline = vec![format!("console={},{}", b.console.device, b.console.baud), "panic=10".to_string()];
     cmdline.extend(b.kernel.cmdline.iter().cloned());
 
-    let bays = b
-        .bays
-        .iter()
-        .map(|bay| BayPlan { name: bay.name.clone(), matcher: bay.matcher.clone(), device: bay_device(&bay.name) })
-        .collect();
+    let bays = b.bays.iter().map(|bay| BayPlan { name: bay.name.clone(), matcher: bay.matcher.clone() }).collect();
 
     let links = r
         .network
@@ -491,15 +507,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
             create: p.create,
             ashift: p.ashift,
             mountpoint: format!("{EXPORT_ROOT}/{}", p.name),
-            vdevs: p
-                .vdevs
-                .iter()
-                .map(|v| VdevPlan {
-                    kind: v.kind,
-                    bays: v.bays.clone(),
-                    devices: v.bays.iter().map(|x| bay_device(x)).collect(),
-                })
-                .collect(),
+            vdevs: p.vdevs.iter().map(|v| VdevPlan { kind: v.kind, bays: v.bays.clone() }).collect(),
             spares: p.spares.clone(),
             properties: p.properties.clone(),
             filesystem: p.filesystem.clone(),
@@ -709,6 +717,22 @@ fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
     out
 }
 
+impl Plan {
+    /// Reads a plan as the image carries it, refusing one of another format version (a field
+    /// whose meaning changed must not be guessed at).
+    pub fn from_json(text: &str) -> Result<Plan, PlanError> {
+        #[derive(Deserialize)]
+        struct Versioned {
+            plan_version: u32,
+        }
+        let v: Versioned = serde_json::from_str(text).map_err(PlanError::Json)?;
+        if v.plan_version != PLAN_VERSION {
+            return Err(PlanError::Version(v.plan_version));
+        }
+        serde_json::from_str(text).map_err(PlanError::Json)
+    }
+}
+
 impl fmt::Display for Plan {
     /// The human form `nasos plan` prints.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -741,7 +765,7 @@ impl fmt::Display for Plan {
         writeln!(f, "  cmdline            {}", self.kernel.cmdline.join(" "))?;
         writeln!(f, "\nbays")?;
         for b in &self.bays {
-            writeln!(f, "  {:<6} {:<24} {}", b.name, b.device, match_text(&b.matcher))?;
+            writeln!(f, "  {:<6} {:<24} {}", b.name, format!("{BAY_DIR}/{}", b.name), match_text(&b.matcher))?;
         }
         if !self.links.is_empty() {
             writeln!(f, "\nlinks")?;
@@ -886,5 +910,23 @@ fn word<T: Serialize>(value: &T) -> String {
     match serde_json::to_value(value) {
         Ok(serde_json::Value::String(s)) => s,
         _ => "?".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_round_trips_and_another_format_version_is_refused() {
+        let mut plan = Plan::empty("box");
+        plan.image.version = "1.2.3".into();
+        let json = serde_json::to_string(&plan).expect("serializes");
+        assert_eq!(Plan::from_json(&json).expect("reads back"), plan);
+        plan.plan_version = PLAN_VERSION + 1;
+        let newer = serde_json::to_string(&plan).expect("serializes");
+        let e = Plan::from_json(&newer).expect_err("newer format");
+        assert!(e.to_string().contains(&format!("plan format version {}", PLAN_VERSION + 1)), "{e}");
+        assert!(Plan::from_json("{}").is_err());
     }
 }

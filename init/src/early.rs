@@ -193,7 +193,6 @@ mod tests {
         BayPlan {
             name: name.into(),
             matcher: DeviceMatch { serial: serial.map(String::from), pci: pci.map(String::from), ..Default::default() },
-            device: format!("{BAY_DIR}/{name}"),
         }
     }
 

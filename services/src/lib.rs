@@ -7,6 +7,7 @@ use anyhow::Context;
 use nasos_board::Plan;
 use nasos_layout::paths;
 
+pub mod fabric;
 pub mod health;
 pub mod inspect;
 pub mod nfsd;
@@ -18,7 +19,7 @@ pub mod storage;
 pub fn plan() -> anyhow::Result<Plan> {
     let path = std::env::var("NASOS_PLAN").unwrap_or_else(|_| paths::PLAN.to_string());
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading the plan {path}"))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing the plan {path}"))
+    Plan::from_json(&text).with_context(|| format!("reading the plan {path}"))
 }
 
 /// Tools run one way everywhere: with a deadline, and an error naming the command with the end

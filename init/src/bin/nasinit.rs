@@ -73,7 +73,7 @@ fn main() -> ExitCode {
 
 fn read_plan(path: &std::path::Path) -> Result<Plan, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read plan {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("plan {} is not valid: {e}", path.display()))
+    Plan::from_json(&text).map_err(|e| format!("plan {}: {e}", path.display()))
 }
 
 /// PID 1: tolerant of any argv the kernel passes, never returns.
