@@ -11,7 +11,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use nasos_board::Plan;
-use nasos_board::plan::{FabricPlan, LinkPlan};
+use nasos_board::plan::{DcbMethod, FabricPlan, LinkPlan};
 
 use crate::{rdma, run, say};
 
@@ -38,6 +38,14 @@ pub fn up(plan: &Plan) -> anyhow::Result<()> {
         let link = plan.links.iter().find(|l| l.name == fl.link);
         if let Err(e) = check_roce(&fl.link, link.map(|l| l.addresses.as_slice()).unwrap_or_default()) {
             say(format!("{e:#}; RDMA clients cannot use this link until it is fixed (TCP still serves)"));
+        }
+        if fl.dcb == DcbMethod::Unsupported {
+            // Validation refuses pfc_required on such a port, so this is never fatal.
+            say(format!(
+                "{}: PFC/ETS/DSCP not applied: the board says this port has no DCB; RoCE runs lossy on this link",
+                fl.link
+            ));
+            continue;
         }
         if let Err(e) = apply_dcb(net, &fl.link, fabric) {
             say(format!("{e:#}"));

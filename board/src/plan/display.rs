@@ -1,0 +1,185 @@
+//! The human form of a plan, as `nasos plan` prints it.
+
+use super::*;
+use crate::units::format_size;
+use nasos_layout::paths::BAY_DIR;
+
+impl fmt::Display for Plan {
+    /// The human form `nasos plan` prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.image;
+        writeln!(f, "image      {} {} (hostname {})", i.name, i.version, i.hostname)?;
+        let emu = if i.emulated_board { ", emulated" } else { "" };
+        writeln!(f, "board      {}{emu}", i.board)?;
+        if i.development {
+            writeln!(f, "           DEVELOPMENT image (not for shipping)")?;
+        }
+        if let Some(b) = i.size_budget_mib {
+            writeln!(f, "budget     {b} MiB")?;
+        }
+        writeln!(
+            f,
+            "console    {} at {} baud, root login {}",
+            self.console.device,
+            self.console.baud,
+            word(&self.console.root_login)
+        )?;
+        writeln!(f, "\npackages ({})", self.packages.len())?;
+        writeln!(f, "  {}", self.packages.join(" "))?;
+        writeln!(f, "\nkernel")?;
+        writeln!(f, "  initramfs modules  {}", self.kernel.initramfs_modules.join(" "))?;
+        writeln!(f, "  modules            {}", self.kernel.modules.join(" "))?;
+        for (m, opts) in &self.kernel.module_options {
+            let o: Vec<String> = opts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            writeln!(f, "  options {m:<10} {}", o.join(" "))?;
+        }
+        writeln!(f, "  cmdline            {}", self.kernel.cmdline.join(" "))?;
+        writeln!(f, "\nbays")?;
+        for b in &self.bays {
+            writeln!(f, "  {:<6} {:<24} {}", b.name, format!("{BAY_DIR}/{}", b.name), match_text(&b.matcher))?;
+        }
+        if !self.links.is_empty() {
+            writeln!(f, "\nlinks")?;
+            for l in &self.links {
+                writeln!(
+                    f,
+                    "  {:<8} port {:<8} {:>6} Mb/s  mtu {:<5} {}  [{}; {}]",
+                    l.name,
+                    l.port,
+                    l.speed_mbps,
+                    l.mtu,
+                    l.addresses.join(" "),
+                    l.driver,
+                    match_text(&l.matcher)
+                )?;
+                for v in &l.vlans {
+                    writeln!(f, "    vlan {:<5} {:<12} {}", v.id, v.name, v.addresses.join(" "))?;
+                }
+            }
+        }
+        if let Some(fab) = &self.fabric {
+            writeln!(f, "\nfabric (RoCE v2)")?;
+            let req = if fab.pfc_required { "required" } else { "best effort" };
+            writeln!(f, "  PFC on priority {} ({req})", fab.lossless_priority)?;
+            match &fab.ets_bandwidth {
+                Some(ets) => writeln!(f, "  ETS shares (tc0..tc7)  {ets:?}")?,
+                None => writeln!(f, "  ETS left as the NIC has it")?,
+            }
+            let app: Vec<String> = fab.dscp.iter().map(|d| format!("{}→{}", d.dscp, d.priority)).collect();
+            writeln!(f, "  DSCP→priority  {}", if app.is_empty() { "(none)".to_string() } else { app.join(" ") })?;
+            for l in &fab.links {
+                let dev = l.rxe_device.as_deref().unwrap_or("(NIC's own)");
+                let dcb = match l.dcb {
+                    DcbMethod::Dcbnl => "DCB via dcbnl",
+                    DcbMethod::Unsupported => "DCB not supported by this NIC",
+                };
+                writeln!(f, "  {:<8} rdma {} device {dev}; {dcb}", l.link, word(&l.rdma))?;
+            }
+        }
+        if !self.pools.is_empty() {
+            writeln!(f, "\nzfs")?;
+            if let Some(arc) = self.zfs.arc_max_bytes {
+                writeln!(f, "  ARC cap {} ({arc} bytes)", format_size(arc))?;
+            }
+            for p in &self.pools {
+                writeln!(
+                    f,
+                    "  pool {} (ashift {}, create {}, mounted at {})",
+                    p.name,
+                    p.ashift,
+                    word(&p.create),
+                    p.mountpoint
+                )?;
+                for v in &p.vdevs {
+                    writeln!(f, "    {:<7} {}", v.kind.zpool_word().unwrap_or("disk"), v.bays.join(" "))?;
+                }
+                if !p.spares.is_empty() {
+                    writeln!(f, "    spares  {}", p.spares.join(" "))?;
+                }
+                write_props(f, "    -o", &p.properties)?;
+                write_props(f, "    -O", &p.filesystem)?;
+            }
+            for d in &self.datasets {
+                writeln!(f, "  dataset {} at {}", d.name, d.mountpoint)?;
+                write_props(f, "   ", &d.properties)?;
+            }
+        }
+        if let Some(n) = &self.nfs {
+            writeln!(f, "\nnfs")?;
+            let v: Vec<&str> = n.versions.iter().map(|v| v.as_str()).collect();
+            let rdma = n.rdma_port.map(|p| format!(", rdma {p}")).unwrap_or_default();
+            writeln!(f, "  versions {}  threads {}  tcp {}{rdma}", v.join(" "), n.threads, n.tcp_port)?;
+            writeln!(
+                f,
+                "  grace {}s lease {}s{}",
+                n.grace_seconds,
+                n.lease_seconds,
+                if n.rpcbind { ", rpcbind + statd" } else { "" }
+            )?;
+            writeln!(f, "  /etc/exports:")?;
+            for line in n.exports_table().lines() {
+                writeln!(f, "    {line}")?;
+            }
+        }
+        let h = &self.health;
+        writeln!(f, "\nhealth")?;
+        writeln!(
+            f,
+            "  watchdog {} ({}), timeout {}s",
+            h.watchdog_driver, h.watchdog_identity, h.watchdog_timeout_seconds
+        )?;
+        writeln!(
+            f,
+            "  warn at NVMe {}°C, pool {}% full; checks every {}s",
+            h.nvme_temperature_warn_celsius, h.pool_capacity_warn_percent, h.check_interval_seconds
+        )?;
+        writeln!(f, "\nupgrade")?;
+        writeln!(f, "  {} boot tries before the previous slot boots again", self.upgrade.boot_tries)?;
+        writeln!(f, "\nservices")?;
+        for s in &self.services {
+            let after = if s.after.is_empty() { String::new() } else { format!(" after {}", s.after.join(", ")) };
+            let ready = match &s.readiness {
+                Readiness::Started => "started".to_string(),
+                Readiness::Exited => "exited 0".to_string(),
+                Readiness::Notify => "READY=1".to_string(),
+                Readiness::Fd { fd } => format!("fd {fd}"),
+                Readiness::Check { command, .. } => format!("check `{}`", command.join(" ")),
+            };
+            writeln!(
+                f,
+                "  {:<8} {:<38} ready: {ready:<9} restart: {}{after}",
+                s.name,
+                s.command.join(" "),
+                word(&s.restart.when)
+            )?;
+            if let Some(stop) = &s.stop_command {
+                writeln!(f, "           on stop: {}", stop.join(" "))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn write_props(f: &mut fmt::Formatter<'_>, prefix: &str, props: &BTreeMap<String, String>) -> fmt::Result {
+    if props.is_empty() {
+        return Ok(());
+    }
+    let p: Vec<String> = props.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    writeln!(f, "{prefix} {}", p.join(" "))
+}
+
+fn match_text(m: &DeviceMatch) -> String {
+    [("pci", &m.pci), ("serial", &m.serial), ("mac", &m.mac), ("virtio serial", &m.virtio_serial)]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k} {v}")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The spelling an enum has in recipes and JSON (`soft-roce`, `blank-disks`), for human output.
+fn word<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => "?".to_string(),
+    }
+}

@@ -1,0 +1,393 @@
+//! The plan: the fully resolved description of one image (types here; `resolve` makes it from a
+//! recipe and its board, `services` builds its service graph, `display` is what `nasos plan` prints). Every later stage (image build, nasinit,
+//! the services) consumes this, never the recipe, so what runs is derived in exactly one place.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+
+use serde::{Deserialize, Serialize};
+
+use crate::board::{DeviceMatch, RdmaKind};
+use crate::recipe::{CreatePolicy, NfsVersion, RootLogin, VdevKind};
+
+mod display;
+mod resolve;
+mod services;
+
+pub use resolve::resolve;
+
+/// Bumped whenever the plan's JSON changes incompatibly.
+pub const PLAN_VERSION: u32 = 1;
+
+/// Why a plan file cannot be used.
+#[derive(Debug)]
+pub enum PlanError {
+    Json(serde_json::Error),
+    /// Made by a nasos whose plan format this one does not read.
+    Version(u32),
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::Json(e) => write!(f, "not a plan: {e}"),
+            PlanError::Version(v) => {
+                write!(
+                    f,
+                    "plan format version {v}, but this nasinit reads version {PLAN_VERSION}: image and programs disagree"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub plan_version: u32,
+    pub image: ImagePlan,
+    /// Debian packages of the root filesystem, sorted.
+    pub packages: Vec<String>,
+    pub kernel: KernelPlan,
+    pub console: ConsolePlan,
+    pub bays: Vec<BayPlan>,
+    pub links: Vec<LinkPlan>,
+    pub fabric: Option<FabricPlan>,
+    pub zfs: ZfsPlan,
+    pub pools: Vec<PoolPlan>,
+    pub datasets: Vec<DatasetPlan>,
+    pub nfs: Option<NfsPlan>,
+    pub health: HealthPlan,
+    pub upgrade: UpgradePlan,
+    /// The service graph nasinit supervises, in a valid start order.
+    pub services: Vec<Service>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImagePlan {
+    pub name: String,
+    pub version: String,
+    pub hostname: String,
+    pub board: String,
+    pub emulated_board: bool,
+    pub development: bool,
+    pub size_budget_mib: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelPlan {
+    /// Modules the initramfs loads to reach the root filesystem.
+    pub initramfs_modules: Vec<String>,
+    /// Modules nasinit loads before starting services, in order.
+    pub modules: Vec<String>,
+    /// Module parameters (`modprobe NAME KEY=VALUE`), by module.
+    pub module_options: BTreeMap<String, BTreeMap<String, String>>,
+    /// Kernel command line, without the root and verity arguments the image stage adds.
+    pub cmdline: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConsolePlan {
+    pub device: String,
+    pub baud: u32,
+    pub root_login: RootLogin,
+    pub root_password_hash: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BayPlan {
+    pub name: String,
+    /// How nasinit finds the drive.
+    #[serde(rename = "match")]
+    pub matcher: DeviceMatch,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkPlan {
+    pub name: String,
+    pub port: String,
+    #[serde(rename = "match")]
+    pub matcher: DeviceMatch,
+    pub driver: String,
+    pub speed_mbps: u32,
+    pub mtu: u32,
+    pub addresses: Vec<String>,
+    pub vlans: Vec<VlanPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VlanPlan {
+    pub name: String,
+    pub id: u32,
+    pub addresses: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FabricPlan {
+    pub lossless_priority: u8,
+    pub pfc_required: bool,
+    /// ETS shares per traffic class, or `None` to leave the NIC's ETS alone.
+    pub ets_bandwidth: Option<[u8; 8]>,
+    /// DSCP → priority entries for the DCB APP table.
+    pub dscp: Vec<DscpPlan>,
+    pub links: Vec<FabricLinkPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DscpPlan {
+    pub dscp: u8,
+    pub priority: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FabricLinkPlan {
+    pub link: String,
+    pub rdma: RdmaKind,
+    /// The RDMA device to create (soft-RoCE) or `None` when the NIC's own device is found at runtime.
+    pub rxe_device: Option<String>,
+    /// How DCB is applied on this link.
+    pub dcb: DcbMethod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DcbMethod {
+    /// Through dcbnl (rtnetlink).
+    Dcbnl,
+    /// The NIC has no DCB: reported as "not supported by this NIC", never pretended.
+    Unsupported,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ZfsPlan {
+    pub arc_max_bytes: Option<u64>,
+    pub tunables: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolPlan {
+    pub name: String,
+    pub create: CreatePolicy,
+    pub ashift: u32,
+    pub mountpoint: String,
+    pub vdevs: Vec<VdevPlan>,
+    pub spares: Vec<String>,
+    pub properties: BTreeMap<String, String>,
+    pub filesystem: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VdevPlan {
+    #[serde(rename = "type")]
+    pub kind: VdevKind,
+    pub bays: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetPlan {
+    pub name: String,
+    pub mountpoint: String,
+    /// Every property the dataset must have, quota and reservation included.
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NfsPlan {
+    pub versions: Vec<NfsVersion>,
+    pub threads: u32,
+    pub tcp_port: u16,
+    /// The RDMA listener, when any export asks for RDMA.
+    pub rdma_port: Option<u16>,
+    pub grace_seconds: u32,
+    pub lease_seconds: u32,
+    /// NFSv3 needs rpcbind and rpc.statd; NFSv4 alone does not.
+    pub rpcbind: bool,
+    pub exports: Vec<ExportPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportPlan {
+    pub dataset: String,
+    pub path: String,
+    /// Its clients mount it over RDMA (what made nfsd listen on the RDMA port).
+    pub rdma: bool,
+    pub clients: Vec<ExportClientPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportClientPlan {
+    pub network: String,
+    /// exports(5) options, in order.
+    pub options: Vec<String>,
+}
+
+impl Plan {
+    /// A plan that runs nothing: what PID 1 falls back to when the image's plan cannot be read,
+    /// so the appliance still comes up far enough to be inspected.
+    pub fn empty(hostname: &str) -> Plan {
+        Plan {
+            plan_version: PLAN_VERSION,
+            image: ImagePlan {
+                name: "unknown".into(),
+                version: "0.0.0".into(),
+                hostname: hostname.into(),
+                board: "unknown".into(),
+                emulated_board: false,
+                development: false,
+                size_budget_mib: None,
+            },
+            packages: Vec::new(),
+            kernel: KernelPlan {
+                initramfs_modules: Vec::new(),
+                modules: Vec::new(),
+                module_options: BTreeMap::new(),
+                cmdline: Vec::new(),
+            },
+            console: ConsolePlan {
+                device: "ttyS0".into(),
+                baud: 115200,
+                root_login: RootLogin::Locked,
+                root_password_hash: None,
+            },
+            bays: Vec::new(),
+            links: Vec::new(),
+            fabric: None,
+            zfs: ZfsPlan { arc_max_bytes: None, tunables: BTreeMap::new() },
+            pools: Vec::new(),
+            datasets: Vec::new(),
+            nfs: None,
+            health: HealthPlan {
+                watchdog_driver: String::new(),
+                watchdog_identity: String::new(),
+                watchdog_timeout_seconds: 60,
+                nvme_temperature_warn_celsius: 70,
+                pool_capacity_warn_percent: 80,
+                check_interval_seconds: 10,
+            },
+            upgrade: UpgradePlan { boot_tries: 3 },
+            services: Vec::new(),
+        }
+    }
+}
+
+impl NfsPlan {
+    /// The /etc/exports text, one line per export.
+    pub fn exports_table(&self) -> String {
+        let mut out = String::new();
+        for e in &self.exports {
+            let _ = write!(out, "{}", e.path);
+            for c in &e.clients {
+                let _ = write!(out, " {}({})", c.network, c.options.join(","));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthPlan {
+    pub watchdog_driver: String,
+    pub watchdog_identity: String,
+    pub watchdog_timeout_seconds: u32,
+    pub nvme_temperature_warn_celsius: u32,
+    pub pool_capacity_warn_percent: u32,
+    pub check_interval_seconds: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpgradePlan {
+    pub boot_tries: u32,
+}
+
+/// One supervised service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Service {
+    pub name: String,
+    /// argv; the first element is an absolute path.
+    pub command: Vec<String>,
+    /// Services that must be ready before this one starts.
+    pub after: Vec<String>,
+    pub readiness: Readiness,
+    pub restart: RestartPolicy,
+    /// Run on shutdown before the service is stopped (e.g. export pools).
+    pub stop_command: Option<Vec<String>>,
+    /// How long the service gets to stop before its cgroup is killed.
+    pub stop_timeout_ms: u64,
+    #[serde(default)]
+    pub environment: BTreeMap<String, String>,
+    /// Run as this user (and its primary group); root when absent.
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub working_directory: Option<String>,
+}
+
+/// When a service counts as ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Readiness {
+    /// As soon as the process runs.
+    Started,
+    /// When it exits with status 0 (a oneshot).
+    Exited,
+    /// When it sends `READY=1` on its notify socket (`$NOTIFY_SOCKET`, as sd_notify does).
+    Notify,
+    /// When it writes a newline to this file descriptor (s6's readiness protocol).
+    Fd { fd: u32 },
+    /// When this command exits 0.
+    Check { command: Vec<String>, interval_ms: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartPolicy {
+    pub when: Restart,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+    /// Starts within `start_limit_window_ms` after which the service is `failed`.
+    pub start_limit: u32,
+    pub start_limit_window_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Restart {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl Plan {
+    /// Reads a plan as the image carries it, refusing one of another format version (a field
+    /// whose meaning changed must not be guessed at).
+    pub fn from_json(text: &str) -> Result<Plan, PlanError> {
+        #[derive(Deserialize)]
+        struct Versioned {
+            plan_version: u32,
+        }
+        let v: Versioned = serde_json::from_str(text).map_err(PlanError::Json)?;
+        if v.plan_version != PLAN_VERSION {
+            return Err(PlanError::Version(v.plan_version));
+        }
+        serde_json::from_str(text).map_err(PlanError::Json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_round_trips_and_another_format_version_is_refused() {
+        let mut plan = Plan::empty("box");
+        plan.image.version = "1.2.3".into();
+        let json = serde_json::to_string(&plan).expect("serializes");
+        assert_eq!(Plan::from_json(&json).expect("reads back"), plan);
+        plan.plan_version = PLAN_VERSION + 1;
+        let newer = serde_json::to_string(&plan).expect("serializes");
+        let e = Plan::from_json(&newer).expect_err("newer format");
+        assert!(e.to_string().contains(&format!("plan format version {}", PLAN_VERSION + 1)), "{e}");
+        assert!(Plan::from_json("{}").is_err());
+    }
+}

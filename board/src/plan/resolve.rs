@@ -1,0 +1,276 @@
+//! Recipe + board → plan.
+
+use super::*;
+use crate::board::Board;
+use crate::recipe::{Access, Recipe};
+use crate::units::parse_size;
+use nasos_layout::paths::EXPORT_ROOT;
+
+use super::services::{console_service, services};
+
+/// Resolves a validated recipe on its board into a plan.
+///
+/// The recipe must have passed validation: names it refers to exist, sizes parse.
+pub fn resolve(r: &Recipe, b: &Board) -> Plan {
+    let uses_zfs = !r.pools.is_empty();
+    let rdma_exports = r.nfs.as_ref().is_some_and(|n| n.exports.iter().any(|e| e.rdma));
+    let port_of = |name: &str| b.ports.iter().find(|p| p.name == name);
+
+    let mut packages: Vec<String> = [
+        "linux-image-amd64",
+        "kmod",
+        "udev",
+        "util-linux",
+        "iproute2",
+        "ethtool",
+        "nvme-cli",
+        "procps",
+        "login",
+        "passwd",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if uses_zfs {
+        packages.push("zfsutils-linux".into());
+    }
+    if r.nfs.is_some() {
+        packages.push("nfs-kernel-server".into());
+    }
+    if r.fabric.is_some() {
+        packages.extend(["rdma-core", "ibverbs-providers", "ibverbs-utils"].map(String::from));
+    }
+    packages.extend(b.packages.iter().cloned());
+    packages.extend(r.packages.extra.iter().cloned());
+    packages.sort();
+    packages.dedup();
+
+    let boot_drivers: &[&str] =
+        if b.boot.matcher.virtio_serial.is_some() { &["virtio_pci", "virtio_blk"] } else { &["nvme"] };
+    let mut initramfs_modules: Vec<String> = boot_drivers.iter().map(|s| s.to_string()).collect();
+    initramfs_modules.extend(["dm-mod", "dm-verity", "erofs"].map(String::from));
+    let mut modules: Vec<String> = b.kernel.modules.clone();
+    let mut push = |m: &str| {
+        if !modules.iter().any(|x| x == m) {
+            modules.push(m.to_string());
+        }
+    };
+    push("nvme");
+    push(&b.watchdog.driver);
+    // The ESP is FAT: blessing a boot entry renames a file on it.
+    push("vfat");
+    for link in &r.network.links {
+        if let Some(port) = port_of(&link.port) {
+            push(&port.driver);
+        }
+        if !link.vlans.is_empty() {
+            push("8021q");
+        }
+    }
+    if let Some(f) = &r.fabric {
+        for l in &f.links {
+            if let Some(port) = r.network.links.iter().find(|x| &x.name == l).and_then(|x| port_of(&x.port)) {
+                port.rdma.modules().iter().for_each(|m| push(m));
+            }
+        }
+        push("ib_uverbs");
+        push("rdma_ucm");
+    }
+    if uses_zfs {
+        push("zfs");
+    }
+    if r.nfs.is_some() {
+        push("nfsd");
+    }
+    if rdma_exports {
+        push("rpcrdma");
+    }
+    for m in &r.kernel.modules {
+        push(m);
+    }
+    let mut module_options: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    if uses_zfs {
+        let mut zfs: BTreeMap<String, String> = r.zfs.tunables.clone();
+        if let Some(arc) = r.zfs.arc_max.as_deref().and_then(parse_size) {
+            zfs.insert("zfs_arc_max".into(), arc.to_string());
+        }
+        if !zfs.is_empty() {
+            module_options.insert("zfs".into(), zfs);
+        }
+    }
+    let mut cmdline = vec![format!("console={},{}", b.console.device, b.console.baud), "panic=10".to_string()];
+    cmdline.extend(b.kernel.cmdline.iter().cloned());
+
+    let bays = b.bays.iter().map(|bay| BayPlan { name: bay.name.clone(), matcher: bay.matcher.clone() }).collect();
+
+    let links = r
+        .network
+        .links
+        .iter()
+        .filter_map(|l| {
+            let port = port_of(&l.port)?;
+            Some(LinkPlan {
+                name: l.name.clone(),
+                port: port.name.clone(),
+                matcher: port.matcher.clone(),
+                driver: port.driver.clone(),
+                speed_mbps: port.speed_mbps,
+                mtu: l.mtu,
+                addresses: l.addresses.clone(),
+                vlans: l
+                    .vlans
+                    .iter()
+                    .map(|v| VlanPlan {
+                        name: format!("{}.{}", l.name, v.id),
+                        id: v.id,
+                        addresses: v.addresses.clone(),
+                    })
+                    .collect(),
+            })
+        })
+        .collect();
+
+    let fabric = r.fabric.as_ref().map(|f| FabricPlan {
+        lossless_priority: clamp_u8(f.lossless_priority),
+        pfc_required: f.pfc_required,
+        ets_bandwidth: f.ets_bandwidth.as_ref().and_then(|v| {
+            let arr: Vec<u8> = v.iter().map(|x| clamp_u8(*x)).collect();
+            arr.try_into().ok()
+        }),
+        dscp: f.dscp.iter().map(|d| DscpPlan { dscp: clamp_u8(d.dscp), priority: clamp_u8(d.priority) }).collect(),
+        links: f
+            .links
+            .iter()
+            .filter_map(|name| {
+                let port = port_of(&r.network.links.iter().find(|x| &x.name == name)?.port)?;
+                Some(FabricLinkPlan {
+                    link: name.clone(),
+                    rdma: port.rdma,
+                    rxe_device: (port.rdma == RdmaKind::SoftRoce).then(|| format!("rxe_{name}")),
+                    dcb: if port.dcb { DcbMethod::Dcbnl } else { DcbMethod::Unsupported },
+                })
+            })
+            .collect(),
+    });
+
+    let pools = r
+        .pools
+        .iter()
+        .map(|p| PoolPlan {
+            name: p.name.clone(),
+            create: p.create,
+            ashift: p.ashift,
+            mountpoint: format!("{EXPORT_ROOT}/{}", p.name),
+            vdevs: p.vdevs.iter().map(|v| VdevPlan { kind: v.kind, bays: v.bays.clone() }).collect(),
+            spares: p.spares.clone(),
+            properties: p.properties.clone(),
+            filesystem: p.filesystem.clone(),
+        })
+        .collect();
+
+    let datasets = r
+        .datasets
+        .iter()
+        .map(|d| {
+            let mut properties = d.properties.clone();
+            if let Some(q) = &d.quota {
+                properties.insert("quota".into(), q.clone());
+            }
+            if let Some(q) = &d.reservation {
+                properties.insert("reservation".into(), q.clone());
+            }
+            DatasetPlan { name: d.name.clone(), mountpoint: format!("{EXPORT_ROOT}/{}", d.name), properties }
+        })
+        .collect();
+
+    let nfs = r.nfs.as_ref().map(|n| {
+        let mut versions = n.versions.clone();
+        versions.sort();
+        versions.dedup();
+        NfsPlan {
+            rpcbind: versions.contains(&NfsVersion::V3),
+            versions,
+            threads: n.threads,
+            tcp_port: 2049,
+            rdma_port: rdma_exports.then(|| u16::try_from(n.rdma_port).unwrap_or(20049)),
+            grace_seconds: n.grace_seconds,
+            lease_seconds: n.lease_seconds,
+            exports: n
+                .exports
+                .iter()
+                .map(|e| ExportPlan {
+                    dataset: e.dataset.clone(),
+                    path: format!("{EXPORT_ROOT}/{}", e.dataset),
+                    rdma: e.rdma,
+                    clients: e
+                        .clients
+                        .iter()
+                        .map(|c| {
+                            let mut o = vec![match c.access {
+                                Access::Rw => "rw",
+                                Access::Ro => "ro",
+                            }];
+                            o.push(if c.sync { "sync" } else { "async" });
+                            o.push(if c.root_squash { "root_squash" } else { "no_root_squash" });
+                            o.extend(["no_subtree_check", "sec=sys"]);
+                            ExportClientPlan {
+                                network: c.network.clone(),
+                                options: o.into_iter().map(String::from).collect(),
+                            }
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    });
+
+    let health = HealthPlan {
+        watchdog_driver: b.watchdog.driver.clone(),
+        watchdog_identity: b.watchdog.identity.clone(),
+        watchdog_timeout_seconds: r.health.watchdog_timeout_seconds,
+        nvme_temperature_warn_celsius: r.health.nvme_temperature_warn_celsius,
+        pool_capacity_warn_percent: r.health.pool_capacity_warn_percent,
+        check_interval_seconds: r.health.check_interval_seconds,
+    };
+
+    let console = console_service(r.console.root_login, &b.console.device, b.console.baud);
+    let mut services = services(r.fabric.is_some() || !r.network.links.is_empty(), uses_zfs, r.nfs.is_some());
+    services.splice(0..0, console);
+
+    Plan {
+        plan_version: PLAN_VERSION,
+        image: ImagePlan {
+            name: r.image.name.clone(),
+            version: r.image.version.clone(),
+            hostname: r.image.hostname.clone().unwrap_or_else(|| r.image.name.clone()),
+            board: b.board.name.clone(),
+            emulated_board: b.board.emulated,
+            development: r.image.development,
+            size_budget_mib: r.image.size_budget_mib,
+        },
+        packages,
+        kernel: KernelPlan { initramfs_modules, modules, module_options, cmdline },
+        console: ConsolePlan {
+            device: b.console.device.clone(),
+            baud: b.console.baud,
+            root_login: r.console.root_login,
+            root_password_hash: (r.console.root_login == RootLogin::Password)
+                .then(|| r.console.root_password_hash.clone())
+                .flatten(),
+        },
+        bays,
+        links,
+        fabric,
+        zfs: ZfsPlan { arc_max_bytes: r.zfs.arc_max.as_deref().and_then(parse_size), tunables: r.zfs.tunables.clone() },
+        pools,
+        datasets,
+        nfs,
+        health,
+        upgrade: UpgradePlan { boot_tries: r.upgrade.boot_tries },
+        services,
+    }
+}
+
+fn clamp_u8(v: u32) -> u8 {
+    u8::try_from(v).unwrap_or(u8::MAX)
+}

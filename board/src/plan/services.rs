@@ -1,0 +1,101 @@
+//! The service graph of a plan: the console, then modules → fabric, storage → nfs → health → bless.
+
+use super::*;
+use nasos_layout::agents;
+use nasos_layout::paths::NASINIT;
+
+/// A getty on the serial console, unless the console is locked. It depends on nothing, so an
+/// operator can log in while storage is still coming up (or failing to).
+pub(super) fn console_service(login: RootLogin, device: &str, baud: u32) -> Option<Service> {
+    let mut command = vec!["/usr/sbin/agetty".to_string()];
+    match login {
+        RootLogin::Locked => return None,
+        RootLogin::Autologin => command.extend(["--autologin".to_string(), "root".to_string()]),
+        RootLogin::Password => {}
+    }
+    command.extend(["--noclear", "--local-line"].map(String::from));
+    command.extend([baud.to_string(), device.to_string(), "vt220".to_string()]);
+    Some(Service {
+        name: "console".into(),
+        command,
+        after: Vec::new(),
+        readiness: Readiness::Started,
+        // A logout ends agetty: start a fresh one at once, but do not spin if it cannot run.
+        restart: RestartPolicy {
+            when: Restart::Always,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 10_000,
+            start_limit: 20,
+            start_limit_window_ms: 60_000,
+        },
+        stop_command: None,
+        stop_timeout_ms: 5_000,
+        environment: BTreeMap::new(),
+        user: None,
+        working_directory: None,
+    })
+}
+
+/// The service graph. Order matters: it is a valid start order, and shutdown runs it backwards.
+pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
+    let oneshot = RestartPolicy {
+        when: Restart::OnFailure,
+        backoff_initial_ms: 1000,
+        backoff_max_ms: 30_000,
+        start_limit: 5,
+        start_limit_window_ms: 300_000,
+    };
+    let daemon = RestartPolicy { when: Restart::Always, ..oneshot.clone() };
+    let mut out: Vec<Service> = Vec::new();
+    let mut add = |name: &str, command, readiness, restart: &RestartPolicy, stop_command, after: &[&str]| {
+        let present: Vec<String> =
+            after.iter().filter(|a| out.iter().any(|s| s.name == **a)).map(|a| a.to_string()).collect();
+        out.push(Service {
+            name: name.to_string(),
+            command,
+            after: present,
+            readiness,
+            restart: restart.clone(),
+            stop_command,
+            stop_timeout_ms: 30_000,
+            environment: BTreeMap::new(),
+            user: None,
+            working_directory: None,
+        });
+    };
+    // Modules load in a supervised oneshot, not in PID 1 itself: a hung modprobe then shows up
+    // as a service that does not become ready, instead of a box that does not boot.
+    let load_modules = vec![NASINIT.to_string(), agents::NASINIT_LOAD_MODULES.to_string()];
+    let modules_policy = RestartPolicy { start_limit: 3, ..oneshot.clone() };
+    // udev names devices the way libzfs waits for them (a pool's partitions), and loads drivers
+    // for what it finds. systemd-udevd speaks sd_notify.
+    add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[]);
+    add("modules", load_modules, Readiness::Exited, &modules_policy, None, &["udev"]);
+    if network {
+        add("fabric", agents::FABRIC.command("up"), Readiness::Exited, &oneshot, None, &["modules"]);
+    }
+    if storage {
+        add(
+            "storage",
+            agents::STORAGE.command("up"),
+            Readiness::Exited,
+            &oneshot,
+            Some(agents::STORAGE.command("export")),
+            &["modules"],
+        );
+    }
+    if nfs {
+        add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &["storage", "fabric"]);
+    }
+    add("health", agents::HEALTH.command("run"), Readiness::Notify, &daemon, None, &["modules", "storage", "nfs"]);
+    let never = RestartPolicy { when: Restart::Never, ..oneshot.clone() };
+    add(
+        "bless",
+        agents::UPGRADE.command("bless"),
+        Readiness::Exited,
+        &never,
+        None,
+        &["fabric", "storage", "nfs", "health"],
+    );
+    out
+}

@@ -1,0 +1,169 @@
+//! Every field of the plan is consumed: applied by something on the appliance, used to build the
+//! image, or resolved into another field that is. A setting that `nasos plan` prints but nothing
+//! applies is a lie to the operator, so this test fails for a plan field missing from the table
+//! below, for a consumer that no longer mentions the field, and for a table entry the plan no
+//! longer has.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// (field path in the plan's JSON, the file that consumes it, what that file must contain).
+/// `[]` stands for every element of a list, `.*` for every key of a map.
+const CONSUMERS: &[(&str, &str, &str)] = &[
+    ("plan_version", "board/src/plan.rs", "v.plan_version != PLAN_VERSION"),
+    ("image.name", "image/src/root.rs", "plan.image.name"),
+    ("image.version", "image/src/build.rs", "plan.image.version"),
+    ("image.hostname", "init/src/bin/nasinit.rs", "plan.image.hostname"),
+    ("image.board", "image/src/vm.rs", ".board"),
+    ("image.emulated_board", "image/src/build.rs", "plan.image.emulated_board"),
+    // Development images may autologin and carry no password: decided when the recipe is validated.
+    ("image.development", "board/src/validate.rs", "r.image.development"),
+    ("image.size_budget_mib", "image/src/build.rs", "plan.image.size_budget_mib"),
+    ("packages", "image/src/build.rs", "plan.packages"),
+    ("kernel.cmdline", "image/src/build.rs", "plan.kernel.cmdline"),
+    ("kernel.initramfs_modules", "image/src/build.rs", "plan.kernel.initramfs_modules"),
+    ("kernel.modules", "init/src/bin/nasinit.rs", "plan.kernel.modules"),
+    ("kernel.module_options.*", "init/src/bin/nasinit.rs", "plan.kernel.module_options"),
+    // The console is the `console` service (agetty on this device at this speed).
+    ("console.device", "board/src/plan.rs", "console_service(r.console.root_login, &b.console.device"),
+    ("console.baud", "board/src/plan.rs", "b.console.baud)"),
+    ("console.root_login", "image/src/root.rs", "plan.console.root_login"),
+    ("console.root_password_hash", "image/src/root.rs", "plan.console.root_password_hash"),
+    ("bays[].name", "init/src/early.rs", "bay.name"),
+    ("bays[].match.serial", "init/src/early.rs", ".serial"),
+    ("bays[].match.pci", "init/src/early.rs", ".pci"),
+    ("links[].name", "services/src/fabric.rs", "link.name"),
+    ("links[].port", "services/src/fabric.rs", "link.port"),
+    ("links[].match.mac", "services/src/fabric.rs", "link.matcher.mac"),
+    ("links[].match.pci", "services/src/fabric.rs", "link.matcher.pci"),
+    // A link's driver is loaded at boot: resolved into kernel.modules.
+    ("links[].driver", "board/src/plan.rs", "push(&port.driver)"),
+    ("links[].speed_mbps", "services/src/fabric.rs", "link.speed_mbps"),
+    ("links[].mtu", "services/src/fabric.rs", "link.mtu"),
+    ("links[].addresses", "services/src/fabric.rs", "link.addresses"),
+    ("links[].vlans", "services/src/fabric.rs", "link.vlans"),
+    ("fabric.lossless_priority", "services/src/fabric.rs", "fabric.lossless_priority"),
+    ("fabric.pfc_required", "services/src/fabric.rs", "fabric.pfc_required"),
+    ("fabric.ets_bandwidth", "services/src/fabric.rs", "fabric.ets_bandwidth"),
+    ("fabric.dscp", "services/src/fabric.rs", "fabric.dscp"),
+    ("fabric.dscp[].dscp", "services/src/fabric.rs", "d.dscp"),
+    ("fabric.dscp[].priority", "services/src/fabric.rs", "d.priority"),
+    ("fabric.links[].link", "services/src/fabric.rs", "fl.link"),
+    // The RDMA kind selects the RDMA driver module (or soft-RoCE): resolved into kernel.modules.
+    ("fabric.links[].rdma", "board/src/plan.rs", "port.rdma.modules()"),
+    ("fabric.links[].rxe_device", "services/src/fabric.rs", "fl.rxe_device"),
+    ("fabric.links[].dcb", "services/src/fabric.rs", "fl.dcb == DcbMethod::Unsupported"),
+    // ARC cap and tunables become the zfs module's options; storage checks them.
+    ("zfs.arc_max_bytes", "board/src/plan.rs", "r.zfs.arc_max"),
+    ("zfs.tunables.*", "board/src/plan.rs", "r.zfs.tunables"),
+    ("pools", "services/src/bin/storage.rs", "plan.pools"),
+    ("pools[].name", "services/src/bin/storage.rs", "pool.name"),
+    ("pools[].ashift", "services/src/bin/storage.rs", "pool.ashift"),
+    ("pools[].create", "services/src/bin/storage.rs", "pool.create"),
+    ("pools[].properties.*", "services/src/bin/storage.rs", "pool.properties"),
+    ("pools[].filesystem.*", "services/src/bin/storage.rs", "pool.filesystem"),
+    ("pools[].mountpoint", "services/src/bin/storage.rs", "pool.mountpoint"),
+    ("pools[].vdevs[].type", "services/src/bin/storage.rs", "v.kind.zpool_word()"),
+    ("pools[].vdevs[].bays", "services/src/bin/storage.rs", "v.bays"),
+    ("pools[].spares", "services/src/bin/storage.rs", "pool.spares"),
+    ("datasets", "services/src/bin/storage.rs", "plan.datasets"),
+    ("datasets[].name", "services/src/bin/storage.rs", "ds.name"),
+    ("datasets[].properties.*", "services/src/bin/storage.rs", "ds.properties"),
+    // Datasets mount at EXPORT_ROOT/NAME through the pool's mountpoint; nfs checks each path.
+    ("datasets[].mountpoint", "services/src/bin/nfs.rs", "e.path"),
+    ("nfs", "services/src/bin/nfs.rs", "plan.nfs"),
+    ("nfs.versions", "services/src/bin/nfs.rs", "nfs.versions"),
+    ("nfs.threads", "services/src/bin/nfs.rs", "nfs.threads"),
+    ("nfs.tcp_port", "services/src/bin/nfs.rs", "nfs.tcp_port"),
+    ("nfs.rdma_port", "services/src/bin/nfs.rs", "nfs.rdma_port"),
+    ("nfs.grace_seconds", "services/src/bin/nfs.rs", "nfs.grace_seconds"),
+    ("nfs.lease_seconds", "services/src/bin/nfs.rs", "nfs.lease_seconds"),
+    ("nfs.rpcbind", "services/src/bin/nfs.rs", "nfs.rpcbind"),
+    ("nfs.exports[].dataset", "services/src/bin/nfs.rs", "e.dataset"),
+    ("nfs.exports[].path", "services/src/bin/nfs.rs", "e.path"),
+    // One export asking for RDMA makes nfsd listen on the RDMA port: resolved into nfs.rdma_port.
+    ("nfs.exports[].rdma", "board/src/plan.rs", "n.exports.iter().any(|e| e.rdma)"),
+    // /etc/exports is written from these by NfsPlan::exports_table.
+    ("nfs.exports[].clients[].network", "services/src/bin/nfs.rs", "nfs.exports_table()"),
+    ("nfs.exports[].clients[].options", "services/src/bin/nfs.rs", "nfs.exports_table()"),
+    ("health.watchdog_driver", "services/src/bin/health.rs", "h.watchdog_driver"),
+    ("health.watchdog_identity", "services/src/bin/health.rs", "h.watchdog_identity"),
+    ("health.watchdog_timeout_seconds", "services/src/bin/health.rs", "h.watchdog_timeout_seconds"),
+    ("health.nvme_temperature_warn_celsius", "services/src/bin/health.rs", "plan.health.nvme_temperature_warn_celsius"),
+    ("health.pool_capacity_warn_percent", "services/src/bin/health.rs", "plan.health.pool_capacity_warn_percent"),
+    ("health.check_interval_seconds", "services/src/bin/health.rs", "h.check_interval_seconds"),
+    ("upgrade.boot_tries", "image/src/build.rs", "plan.upgrade.boot_tries"),
+    ("services[].name", "init/src/machine.rs", "spec.name"),
+    ("services[].command", "init/src/supervisor.rs", "spec.command"),
+    ("services[].after", "init/src/machine.rs", "spec.after"),
+    ("services[].readiness.kind", "init/src/machine.rs", "spec.readiness"),
+    ("services[].readiness.command", "init/src/supervisor.rs", "Readiness::Check { command, .. }"),
+    ("services[].readiness.interval_ms", "init/src/machine.rs", "interval_ms"),
+    ("services[].restart.when", "init/src/machine.rs", "policy.when"),
+    ("services[].restart.backoff_initial_ms", "init/src/machine.rs", "policy.backoff_initial_ms"),
+    ("services[].restart.backoff_max_ms", "init/src/machine.rs", "policy.backoff_max_ms"),
+    ("services[].restart.start_limit", "init/src/machine.rs", "policy.start_limit"),
+    ("services[].restart.start_limit_window_ms", "init/src/machine.rs", "policy.start_limit_window_ms"),
+    ("services[].stop_command", "init/src/supervisor.rs", "spec.stop_command"),
+    ("services[].stop_timeout_ms", "init/src/machine.rs", "spec.stop_timeout_ms"),
+    ("services[].environment.*", "init/src/supervisor.rs", "spec.environment"),
+    ("services[].user", "init/src/supervisor.rs", "spec.user"),
+    ("services[].working_directory", "init/src/supervisor.rs", "spec.working_directory"),
+];
+
+/// Maps whose keys are data, not fields.
+const MAPS: &[&str] = &["module_options", "properties", "filesystem", "environment", "tunables"];
+
+fn fields(value: &serde_json::Value, path: &str, out: &mut BTreeSet<String>) {
+    match value {
+        serde_json::Value::Object(m) => {
+            if MAPS.iter().any(|k| path.ends_with(k)) {
+                out.insert(format!("{path}.*"));
+                return;
+            }
+            for (k, v) in m {
+                // Tagged enums (`{"kind": "check", …}`) keep their tag as a field like any other.
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                fields(v, &p, out);
+            }
+        }
+        serde_json::Value::Array(items) if items.iter().any(|v| v.is_object()) => {
+            for v in items {
+                fields(v, &format!("{path}[]"), out);
+            }
+        }
+        _ => {
+            out.insert(path.to_string());
+        }
+    }
+}
+
+#[test]
+fn every_plan_field_has_a_consumer() {
+    let repo = nasos_tests::repo();
+    let mut seen = BTreeSet::new();
+    for recipe in ["qemu-dev", "qemu-client", "ts-h1290fx"] {
+        let loaded = nasos_board::load_recipe_file(&repo.join(format!("recipes/{recipe}.toml")))
+            .unwrap_or_else(|r| panic!("{recipe}: {r:?}"));
+        let json = serde_json::to_value(loaded.plan()).expect("plan json");
+        fields(&json, "", &mut seen);
+    }
+    // A check-readiness service shows every readiness field (no shipped plan has one).
+    seen.extend(["services[].readiness.command".to_string(), "services[].readiness.interval_ms".to_string()]);
+    let table: BTreeSet<String> = CONSUMERS.iter().map(|(p, _, _)| p.to_string()).collect();
+    let unconsumed: Vec<&String> = seen.difference(&table).collect();
+    assert!(
+        unconsumed.is_empty(),
+        "plan fields with no consumer (apply them, or remove them from the plan): {unconsumed:?}"
+    );
+    let stale: Vec<&String> = table.difference(&seen).collect();
+    assert!(stale.is_empty(), "the table names fields the plan no longer has: {stale:?}");
+    let mut missing = Vec::new();
+    for (field, file, token) in CONSUMERS {
+        let text = std::fs::read_to_string(Path::new(&repo).join(file)).unwrap_or_default();
+        if !text.contains(token) {
+            missing.push(format!("{field}: {file} no longer contains `{token}`"));
+        }
+    }
+    assert!(missing.is_empty(), "consumers that no longer consume:\n  {}", missing.join("\n  "));
+}
