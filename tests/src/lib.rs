@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use nasos_qemu::{Link, Serial, Spec, Vm};
 
+pub mod suite;
+
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("repo root")
 }

@@ -1,143 +1,209 @@
 //! The data path between two VMs on one private QEMU network: the qemu-dev appliance and a
-//! stand-in GPU node built from qemu-client.toml (at 10.77.0.130). The appliance's nasctl shows
-//! its pools, exports and fabric; the client is refused an export whose networks leave it out,
-//! mounts the training export over RDMA (soft-RoCE) and over TCP, writes, drops its caches,
-//! reads back and compares sha256; root_squash holds. nfsd restarted by hand gets its RDMA
-//! listener back. The appliance reboots, then loses power with the client mounted: each time
-//! the pool is imported, not recreated, and the client finds its data again.
+//! stand-in GPU node built from qemu-client.toml (at 10.77.0.130), one check per capability over
+//! one pair of boots. The appliance's nasctl shows its pools, exports and fabric; the client is
+//! refused an export whose networks leave it out, mounts the training export over RDMA
+//! (soft-RoCE) and over TCP, writes, drops its caches, reads back and compares sha256;
+//! root_squash holds. nfsd restarted by hand gets its RDMA listener back. The appliance reboots,
+//! then loses power with the client mounted: each time the pool is imported, not recreated, and
+//! the client finds its data again.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
+use nasos_tests::suite::{Shared, Suite};
 use nasos_tests::{Pair, digest, mount_train, ok, repo};
 
-#[test]
-fn a_client_reads_back_what_it_wrote_over_rdma_and_tcp() {
-    let mut pair = Pair::start(&repo().join("build/e2e/datapath"));
-    let Pair { nas, gpu, .. } = &mut pair;
+static PAIR: Shared<Pair> = Shared::new("pair::both_vms_become_ready");
+/// (file name, sha256) of what the client wrote.
+static WRITTEN: Shared<Vec<(String, String)>> = Shared::new("nfs::rdma_and_tcp_round_trip_with_root_squash");
 
-    // What runs, as nasctl shows it.
-    let pools = json(&ok(nas, "nasctl pools --json"));
-    let tank = &pools[0];
-    assert_eq!(tank["name"], "tank");
-    assert_eq!(tank["state"], "ONLINE");
-    let bays: Vec<&str> =
-        tank["members"].as_array().expect("members").iter().filter_map(|m| m["disk"].as_str()).collect();
-    assert_eq!(bays, (1..=12).map(|i| format!("BAY{i:02}")).collect::<Vec<_>>(), "{tank}");
-    assert!(tank["guid"].as_u64().is_some_and(|g| g > 0), "{tank}");
-    let train = tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/train").cloned();
-    assert_eq!(train.as_ref().map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
-    let exports = json(&ok(nas, "nasctl exports --json"));
-    let listeners = exports["listeners"].to_string();
-    assert!(listeners.contains("\"rdma\"") && listeners.contains("20049") && listeners.contains("2049"), "{exports}");
-    assert!(exports["threads"].as_u64().is_some_and(|t| t > 0), "{exports}");
-    let train_export = exports["exports"]
-        .as_array()
-        .expect("exports")
-        .iter()
-        .find(|e| e["path"] == "/export/tank/train")
-        .cloned()
-        .unwrap_or_else(|| panic!("train not exported: {exports}"));
-    assert_eq!(train_export["client"], "10.77.0.0/24");
-    assert!(train_export["options"].to_string().contains("root_squash"), "{train_export}");
-    let fabric = json(&ok(nas, "nasctl fabric --json"));
-    let data0 = &fabric[0];
-    assert_eq!(data0["link"], "data0");
-    assert_eq!(data0["mtu"], 9000);
-    let port = &data0["rdma"][0];
-    assert!(port["state"].as_str().is_some_and(|s| s.contains("ACTIVE")), "{data0}");
-    assert!(port["gids"].to_string().contains("0000:0000:0000:0000:0000:ffff:0a4d:0001"), "no RoCE v2 GID: {data0}");
-    assert_eq!(data0["dcb"]["state"], "not-supported", "{data0}");
+fn main() -> ExitCode {
+    let mut s = Suite::new();
+    s.check("pair::both_vms_become_ready", || PAIR.set(Pair::start(&repo().join("build/e2e/datapath"))));
+    s.check("views::nasctl_shows_pools_exports_and_fabric", views);
+    s.check("nfs::an_export_refuses_a_client_outside_its_networks", refused_client);
+    s.check("nfs::rdma_and_tcp_round_trip_with_root_squash", round_trip);
+    s.check("nfs::a_restarted_nfsd_gets_its_rdma_listener_back", nfsd_restart);
+    s.check("lifecycle::a_reboot_imports_the_pool_and_the_data_is_there", reboot);
+    s.check("lifecycle::a_power_cut_with_the_client_mounted_loses_nothing", power_cut);
+    s.teardown(|| {
+        if let Some(pair) = PAIR.take() {
+            pair.kill();
+        }
+    });
+    s.run()
+}
 
-    // An export whose networks leave the client out refuses it: scratch is for 10.77.0.0/25.
-    let (out, code) = gpu
-        .run(
-            "mkdir -p /tmp/mnt-x && mount -t nfs -o vers=4.2,proto=tcp,soft,timeo=50,retrans=2 10.77.0.1:/export/tank/scratch /tmp/mnt-x",
-            Duration::from_secs(300),
-        )
-        .expect("mount attempt");
-    assert_ne!(code, 0, "10.77.0.130 mounted an export for 10.77.0.0/25: {out}");
-    // NFSv4 refuses by not showing the export in this client's pseudo-filesystem; the path is
-    // there (scratch is mounted on the appliance), so "no such file" is the server's refusal.
-    assert!(
-        out.contains("access denied") || out.contains("reason given by server: No such file or directory"),
-        "{out}"
-    );
-    let scratch = tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/scratch").cloned();
-    assert_eq!(scratch.map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
+fn views() {
+    PAIR.with(|Pair { nas, .. }| {
+        // What runs, as nasctl shows it.
+        let pools = json(&ok(nas, "nasctl pools --json"));
+        let tank = &pools[0];
+        assert_eq!(tank["name"], "tank");
+        assert_eq!(tank["state"], "ONLINE");
+        let bays: Vec<&str> =
+            tank["members"].as_array().expect("members").iter().filter_map(|m| m["disk"].as_str()).collect();
+        assert_eq!(bays, (1..=12).map(|i| format!("BAY{i:02}")).collect::<Vec<_>>(), "{tank}");
+        assert!(tank["guid"].as_u64().is_some_and(|g| g > 0), "{tank}");
+        let train = tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/train").cloned();
+        assert_eq!(train.as_ref().map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
+        let exports = json(&ok(nas, "nasctl exports --json"));
+        let listeners = exports["listeners"].to_string();
+        assert!(
+            listeners.contains("\"rdma\"") && listeners.contains("20049") && listeners.contains("2049"),
+            "{exports}"
+        );
+        assert!(exports["threads"].as_u64().is_some_and(|t| t > 0), "{exports}");
+        let train_export = exports["exports"]
+            .as_array()
+            .expect("exports")
+            .iter()
+            .find(|e| e["path"] == "/export/tank/train")
+            .cloned()
+            .unwrap_or_else(|| panic!("train not exported: {exports}"));
+        assert_eq!(train_export["client"], "10.77.0.0/24");
+        assert!(train_export["options"].to_string().contains("root_squash"), "{train_export}");
+        let fabric = json(&ok(nas, "nasctl fabric --json"));
+        let data0 = &fabric[0];
+        assert_eq!(data0["link"], "data0");
+        assert_eq!(data0["mtu"], 9000);
+        let port = &data0["rdma"][0];
+        assert!(port["state"].as_str().is_some_and(|s| s.contains("ACTIVE")), "{data0}");
+        assert!(
+            port["gids"].to_string().contains("0000:0000:0000:0000:0000:ffff:0a4d:0001"),
+            "no RoCE v2 GID: {data0}"
+        );
+        assert_eq!(data0["dcb"]["state"], "not-supported", "{data0}");
+    });
+}
 
-    // A directory a non-root user owns (root is squashed).
-    ok(nas, "install -d -o 1000 -g 1000 /export/tank/train/job");
+fn refused_client() {
+    PAIR.with(|Pair { gpu, .. }| {
+        // An export whose networks leave the client out refuses it: scratch is for 10.77.0.0/25.
+        let (out, code) = gpu
+            .run(
+                "mkdir -p /tmp/mnt-x && mount -t nfs -o vers=4.2,proto=tcp,soft,timeo=50,retrans=2 10.77.0.1:/export/tank/scratch /tmp/mnt-x",
+                Duration::from_secs(300),
+            )
+            .expect("mount attempt");
+        assert_ne!(code, 0, "10.77.0.130 mounted an export for 10.77.0.0/25: {out}");
+        // NFSv4 refuses by not showing the export in this client's pseudo-filesystem; the path is
+        // there (scratch is mounted on the appliance), so "no such file" is the server's refusal.
+        assert!(
+            out.contains("access denied") || out.contains("reason given by server: No such file or directory"),
+            "{out}"
+        );
+    });
+    // The path is there: scratch is mounted on the appliance, so the refusal is the server's.
+    PAIR.with(|Pair { nas, .. }| {
+        let pools = json(&ok(nas, "nasctl pools --json"));
+        let tank = &pools[0];
+        let scratch =
+            tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/scratch").cloned();
+        assert_eq!(scratch.map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
+    });
+}
 
-    // One transport at a time: an NFSv4.1+ client trunks a second mount of the same server onto
-    // the transport it already has, so a TCP mount beside an RDMA one would ride RDMA too.
-    let mut written = Vec::new();
-    for m in ["rdma", "tcp"] {
-        let dir = format!("/tmp/mnt-{m}");
-        mount_train(gpu, m, &dir);
-        let blob = format!("{dir}/job/blob-{m}");
-        let as_user = "setpriv --reuid=1000 --regid=1000 --clear-groups";
-        ok(gpu, &format!("{as_user} dd if=/dev/urandom of={blob} bs=1M count=16 status=none"));
-        let local = digest(&ok(gpu, &format!("sync; sha256sum < {blob}")));
-        ok(gpu, "sync; echo 3 > /proc/sys/vm/drop_caches");
-        let again = digest(&ok(gpu, &format!("sha256sum < {blob}")));
-        assert_eq!(local, again, "{m}: the data read back differs");
-        let there = digest(&ok(nas, &format!("sha256sum < /export/tank/train/job/blob-{m}")));
-        assert_eq!(local, there, "{m}: the appliance holds different bytes");
-        // root_squash: root on the client cannot write as root.
-        let (out, code) = gpu.run(&format!("touch {dir}/rootfile"), Duration::from_secs(120)).expect("touch");
-        assert_ne!(code, 0, "root wrote through root_squash on {m}: {out}");
-        assert!(out.contains("Permission denied"), "{out}");
-        ok(gpu, &format!("umount {dir}"));
-        written.push((format!("blob-{m}"), local));
-    }
+fn round_trip() {
+    let written = PAIR.with(|Pair { nas, gpu, .. }| {
+        // A directory a non-root user owns (root is squashed).
+        ok(nas, "install -d -o 1000 -g 1000 /export/tank/train/job");
 
-    // nfsd restarted behind the service's back comes up with TCP only; the RDMA listener is
-    // put back, and an RDMA client reads again.
-    ok(nas, "echo 0 > /proc/fs/nfsd/threads; echo 8 > /proc/fs/nfsd/threads");
-    let portlist = poll(nas, "cat /proc/fs/nfsd/portlist", "rdma 20049", Duration::from_secs(30));
-    assert!(portlist.contains("rdma 20049"), "the RDMA listener was not re-added: {portlist}");
-    // The service logs after it re-adds; nasinit collects the line a moment later.
-    let log = poll(nas, "nasctl logs nfs", "re-added rdma 20049", Duration::from_secs(10));
-    assert!(log.contains("re-added rdma 20049"), "{log}");
-    mount_train(gpu, "rdma", "/tmp/mnt-rdma");
-    assert_eq!(digest(&ok(gpu, "sha256sum < /tmp/mnt-rdma/job/blob-rdma")), written[0].1);
-    ok(gpu, "umount /tmp/mnt-rdma");
+        // One transport at a time: an NFSv4.1+ client trunks a second mount of the same server onto
+        // the transport it already has, so a TCP mount beside an RDMA one would ride RDMA too.
+        let mut written = Vec::new();
+        for m in ["rdma", "tcp"] {
+            let dir = format!("/tmp/mnt-{m}");
+            mount_train(gpu, m, &dir);
+            let blob = format!("{dir}/job/blob-{m}");
+            let as_user = "setpriv --reuid=1000 --regid=1000 --clear-groups";
+            ok(gpu, &format!("{as_user} dd if=/dev/urandom of={blob} bs=1M count=16 status=none"));
+            let local = digest(&ok(gpu, &format!("sync; sha256sum < {blob}")));
+            ok(gpu, "sync; echo 3 > /proc/sys/vm/drop_caches");
+            let again = digest(&ok(gpu, &format!("sha256sum < {blob}")));
+            assert_eq!(local, again, "{m}: the data read back differs");
+            let there = digest(&ok(nas, &format!("sha256sum < /export/tank/train/job/blob-{m}")));
+            assert_eq!(local, there, "{m}: the appliance holds different bytes");
+            // root_squash: root on the client cannot write as root.
+            let (out, code) = gpu.run(&format!("touch {dir}/rootfile"), Duration::from_secs(120)).expect("touch");
+            assert_ne!(code, 0, "root wrote through root_squash on {m}: {out}");
+            assert!(out.contains("Permission denied"), "{out}");
+            ok(gpu, &format!("umount {dir}"));
+            written.push((format!("blob-{m}"), local));
+        }
+        written
+    });
+    WRITTEN.set(written);
+}
 
-    // The appliance reboots: its pool is imported from the bays, not created again, and the
-    // client reads what it wrote before.
-    nas.send_line("nasctl reboot").expect("reboot");
-    nas.expect_new_shell();
-    let t = std::time::Instant::now();
-    nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
-    nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready again after reboot");
-    eprintln!("reboot to ready: {:.1}s", t.elapsed().as_secs_f64());
-    nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
-    eprintln!("{}", ok(nas, "nasctl timeline"));
-    let log = ok(nas, "nasctl logs storage");
-    assert!(log.contains("tank: imported from its bays"), "{log}");
-    assert!(!log.contains("created"), "something was created on reboot: {log}");
-    mount_train(gpu, "tcp", "/tmp/mnt-tcp");
-    for (name, sum) in &written {
-        assert_eq!(&digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after reboot");
-    }
+fn nfsd_restart() {
+    let written = WRITTEN.get();
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        // nfsd restarted behind the service's back comes up with TCP only; the RDMA listener is
+        // put back, and an RDMA client reads again.
+        ok(nas, "echo 0 > /proc/fs/nfsd/threads; echo 8 > /proc/fs/nfsd/threads");
+        let portlist = poll(nas, "cat /proc/fs/nfsd/portlist", "rdma 20049", Duration::from_secs(30));
+        assert!(portlist.contains("rdma 20049"), "the RDMA listener was not re-added: {portlist}");
+        // The service logs after it re-adds; nasinit collects the line a moment later.
+        let log = poll(nas, "nasctl logs nfs", "re-added rdma 20049", Duration::from_secs(10));
+        assert!(log.contains("re-added rdma 20049"), "{log}");
+        mount_train(gpu, "rdma", "/tmp/mnt-rdma");
+        assert_eq!(digest(&ok(gpu, "sha256sum < /tmp/mnt-rdma/job/blob-rdma")), written[0].1);
+        ok(gpu, "umount /tmp/mnt-rdma");
+    });
+}
 
-    // A power cut (QMP system_reset: no export, no sync) with the client still mounted: the
-    // pool imports on the next boot and the client's hard mount carries on with the same data,
-    // without an I/O error reaching the program reading it.
-    nas.qmp("system_reset", serde_json::json!({})).expect("reset");
-    nas.expect_new_shell();
-    let t = std::time::Instant::now();
-    nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts after the power cut");
-    nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready after the power cut");
-    eprintln!("power cut to ready: {:.1}s", t.elapsed().as_secs_f64());
-    nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
-    let log = ok(nas, "nasctl logs storage");
-    assert!(log.contains("tank: imported from its bays"), "{log}");
-    for (name, sum) in &written {
-        assert_eq!(&digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after power cut");
-    }
-    ok(gpu, "umount /tmp/mnt-tcp");
-    pair.kill();
+fn reboot() {
+    let written = WRITTEN.get();
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        // The appliance reboots: its pool is imported from the bays, not created again, and the
+        // client reads what it wrote before.
+        nas.send_line("nasctl reboot").expect("reboot");
+        nas.expect_new_shell();
+        let t = std::time::Instant::now();
+        nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
+        nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready again after reboot");
+        eprintln!("reboot to ready: {:.1}s", t.elapsed().as_secs_f64());
+        nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        eprintln!("{}", ok(nas, "nasctl timeline"));
+        let log = ok(nas, "nasctl logs storage");
+        assert!(log.contains("tank: imported from its bays"), "{log}");
+        assert!(!log.contains("created"), "something was created on reboot: {log}");
+        mount_train(gpu, "tcp", "/tmp/mnt-tcp");
+        for (name, sum) in &written {
+            assert_eq!(&digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after reboot");
+        }
+    });
+}
+
+fn power_cut() {
+    let written = WRITTEN.get();
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        // A power cut (QMP system_reset: no export, no sync) with the client still mounted: the
+        // pool imports on the next boot and the client's hard mount carries on with the same data,
+        // without an I/O error reaching the program reading it.
+        let (_, mounted) = gpu.run("mountpoint -q /tmp/mnt-tcp", Duration::from_secs(60)).expect("mountpoint");
+        if mounted != 0 {
+            mount_train(gpu, "tcp", "/tmp/mnt-tcp");
+        }
+        nas.qmp("system_reset", serde_json::json!({})).expect("reset");
+        nas.expect_new_shell();
+        let t = std::time::Instant::now();
+        nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts after the power cut");
+        nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready after the power cut");
+        eprintln!("power cut to ready: {:.1}s", t.elapsed().as_secs_f64());
+        nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        let log = ok(nas, "nasctl logs storage");
+        assert!(log.contains("tank: imported from its bays"), "{log}");
+        for (name, sum) in &written {
+            assert_eq!(
+                &digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))),
+                sum,
+                "{name} after power cut"
+            );
+        }
+        ok(gpu, "umount /tmp/mnt-tcp");
+    });
 }
 
 /// Runs `cmd` until its output contains `needle` or `within` has passed; returns the last output.

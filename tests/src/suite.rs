@@ -1,0 +1,85 @@
+//! End-to-end suites: each capability is its own check that passes or fails on its own, run in
+//! order on one thread (they share a built image and booted VMs, and the machine has two cores).
+//! A check that needs what an earlier one made (an image, a running VM) and does not find it
+//! fails at once saying which check to look at, instead of hiding behind the first failure.
+
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use libtest_mimic::{Arguments, Trial};
+
+pub struct Suite {
+    trials: Vec<Trial>,
+    teardown: Vec<Box<dyn FnOnce()>>,
+}
+
+impl Default for Suite {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Suite {
+    pub fn new() -> Suite {
+        Suite { trials: Vec::new(), teardown: Vec::new() }
+    }
+
+    /// A check: a panic (a failed assertion) fails it, and the suite goes on.
+    pub fn check(&mut self, name: &str, f: impl FnOnce() + Send + 'static) {
+        self.trials.push(Trial::test(name, move || {
+            f();
+            Ok(())
+        }));
+    }
+
+    /// Runs after every check, passed or failed (ends VMs).
+    pub fn teardown(&mut self, f: impl FnOnce() + 'static) {
+        self.teardown.push(Box::new(f));
+    }
+
+    /// Runs the checks in order, one at a time, then the teardowns.
+    pub fn run(self) -> ExitCode {
+        let mut args = Arguments::from_args();
+        args.test_threads = Some(1);
+        let conclusion = libtest_mimic::run(&args, self.trials);
+        for t in self.teardown {
+            t();
+        }
+        conclusion.exit_code()
+    }
+}
+
+/// Something one check makes and later checks use.
+pub struct Shared<T> {
+    value: Mutex<Option<T>>,
+    made_by: &'static str,
+}
+
+impl<T> Shared<T> {
+    pub const fn new(made_by: &'static str) -> Shared<T> {
+        Shared { value: Mutex::new(None), made_by }
+    }
+
+    pub fn set(&self, v: T) {
+        *self.value.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+    }
+
+    /// Runs `f` on the value; fails the calling check if the check that makes it did not.
+    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let mut guard = self.value.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_mut() {
+            Some(v) => f(v),
+            None => panic!("not run: needs what `{}` makes, and that check did not pass", self.made_by),
+        }
+    }
+
+    pub fn take(&self) -> Option<T> {
+        self.value.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl<T: Clone> Shared<T> {
+    pub fn get(&self) -> T {
+        self.with(|v| v.clone())
+    }
+}
