@@ -4,6 +4,17 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+/// The watchdog device whose driver reports this identity (`i6300ESB timer`, `SP5100 TCO timer`):
+/// found by what it is, never by its number.
+pub fn find_watchdog(sys: &Path, identity: &str) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(sys.join("class/watchdog")).ok()?.flatten() {
+        if std::fs::read_to_string(e.path().join("identity")).is_ok_and(|i| i.trim() == identity) {
+            return Some(std::path::PathBuf::from("/dev").join(e.file_name()));
+        }
+    }
+    None
+}
+
 /// One bay's NVMe composite temperature, as the kernel's nvme hwmon reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BayTemperature {
@@ -79,6 +90,18 @@ mod tests {
         assert_eq!(temps[0], BayTemperature { bay: "BAY01".into(), celsius: Some(71.85) });
         assert_eq!(temps[1].celsius, None, "no hwmon");
         assert_eq!(temps[2].celsius, None, "empty bay");
+        let _ = std::fs::remove_dir_all(&t);
+    }
+
+    #[test]
+    fn the_watchdog_is_found_by_identity() {
+        let t = fixture("watchdog");
+        for (n, id) in [("watchdog0", "iTCO_wdt"), ("watchdog1", "i6300ESB timer")] {
+            std::fs::create_dir_all(t.join("class/watchdog").join(n)).expect("fixture");
+            std::fs::write(t.join("class/watchdog").join(n).join("identity"), format!("{id}\n")).expect("fixture");
+        }
+        assert_eq!(find_watchdog(&t, "i6300ESB timer"), Some(std::path::PathBuf::from("/dev/watchdog1")));
+        assert_eq!(find_watchdog(&t, "SP5100 TCO timer"), None);
         let _ = std::fs::remove_dir_all(&t);
     }
 

@@ -14,6 +14,7 @@ pub mod nfsd;
 pub mod rdma;
 pub mod signals;
 pub mod storage;
+pub mod upgrade;
 
 /// Reads the plan the image carries (or `$NASOS_PLAN`, for tests).
 pub fn plan() -> anyhow::Result<Plan> {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -23,20 +23,11 @@ fn main() -> ExitCode {
     nasos_services::main("health", &["run"], |_| health())
 }
 
-fn find_watchdog(identity: &str) -> Option<PathBuf> {
-    for e in std::fs::read_dir("/sys/class/watchdog").ok()?.flatten() {
-        if std::fs::read_to_string(e.path().join("identity")).is_ok_and(|i| i.trim() == identity) {
-            return Some(PathBuf::from("/dev").join(e.file_name()));
-        }
-    }
-    None
-}
-
 fn health() -> anyhow::Result<()> {
     let plan = plan()?;
     let h = &plan.health;
     let signals = Signals::take(&[Sig::SIGTERM])?;
-    let Some(dev) = find_watchdog(&h.watchdog_identity) else {
+    let Some(dev) = health::find_watchdog(Path::new("/sys"), &h.watchdog_identity) else {
         bail!(
             "no watchdog device with identity \"{}\" (driver {} not loaded?)",
             h.watchdog_identity,

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use nasos_layout::{entry, slot};
+use nasos_services::upgrade::loader_var;
 use nasos_services::{run, say};
 
 const EFIVARS: &str = "/sys/firmware/efi/efivars";
@@ -14,20 +15,6 @@ const ESP_MOUNT: &str = "/run/nasos/esp";
 
 fn main() -> ExitCode {
     nasos_services::main("upgrade", &["bless"], |_| bless())
-}
-
-/// Reads a systemd-boot EFI variable (UTF-16LE after 4 attribute bytes).
-fn loader_var(name: &str) -> anyhow::Result<String> {
-    let p = Path::new(EFIVARS).join(format!("{name}-{}", entry::LOADER_VENDOR_GUID));
-    let raw = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
-    let words: Vec<u16> = raw
-        .get(4..)
-        .unwrap_or(&[])
-        .chunks(2)
-        .filter(|c| c.len() == 2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect();
-    Ok(String::from_utf16_lossy(&words).trim_end_matches('\0').to_string())
 }
 
 fn bless() -> anyhow::Result<()> {
@@ -40,7 +27,7 @@ fn bless() -> anyhow::Result<()> {
     }
     // systemd-boot publishes the counted file it booted (after decrementing) here, as
     // systemd-bless-boot reads it; no variable means the entry carries no counter.
-    let Ok(path) = loader_var("LoaderBootCountPath") else {
+    let Ok(path) = loader_var(Path::new(EFIVARS), "LoaderBootCountPath") else {
         say("the booted entry has no try counter: already blessed");
         return Ok(());
     };
@@ -49,7 +36,7 @@ fn bless() -> anyhow::Result<()> {
         say(format!("{booted} is already blessed"));
         return Ok(());
     };
-    let esp_uuid = loader_var("LoaderDevicePartUUID")?.to_ascii_lowercase();
+    let esp_uuid = loader_var(Path::new(EFIVARS), "LoaderDevicePartUUID")?.to_ascii_lowercase();
     let esp = slot::find_partition(Path::new("/sys"), Path::new("/dev"), &esp_uuid)
         .with_context(|| format!("no partition with PARTUUID {esp_uuid} (the ESP systemd-boot started from)"))?;
     std::fs::create_dir_all(ESP_MOUNT)?;
