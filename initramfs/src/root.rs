@@ -59,10 +59,10 @@ pub fn run(console: &Console) -> String {
         Err(e) => return format!("cannot read the device number of {}: {e}", part.display()),
     };
     let params = dm::verity_params(&devnum, v.data_blocks, v.hash_offset, &v.root_hash, &v.salt);
-    if let Err(e) = dm::create("nasos-root", v.data_blocks * 8, "verity", &params) {
+    if let Err(e) = dm::create(slot::ROOT_DM_NAME, v.data_blocks * 8, "verity", &params) {
         return format!("cannot create the dm-verity device: {e}");
     }
-    let Some(dev) = find_dm("nasos-root") else { return "the dm-verity device did not appear".into() };
+    let Some(dev) = find_dm(slot::ROOT_DM_NAME) else { return "the dm-verity device did not appear".into() };
     let _ = fs::create_dir_all(NEW_ROOT);
     if let Err(e) = mount(Some(dev.as_str()), NEW_ROOT, Some("erofs"), MsFlags::MS_RDONLY, None::<&str>) {
         return format!(

@@ -7,3 +7,4 @@ pub mod cmdline;
 pub mod entry;
 pub mod paths;
 pub mod slot;
+pub mod state;
