@@ -12,6 +12,9 @@ use crate::console::Console;
 use crate::control;
 use crate::supervisor::{Config, ShutdownKind, Supervisor};
 
+/// Service output events handled in one turn of the loop before it looks at everything else.
+const OUTPUT_BATCH: usize = 64;
+
 #[derive(Clone)]
 pub struct Options {
     pub config: Config,
@@ -76,9 +79,20 @@ async fn event_loop(opts: Options, t0: Instant, console: Console) -> std::io::Re
             _ = sig_halt.recv() => guarded(&console, "shutdown", || sup.begin_shutdown(ShutdownKind::Halt)),
             _ = sig_poweroff.recv() => guarded(&console, "shutdown", || sup.begin_shutdown(ShutdownKind::Poweroff)),
             _ = sig_reboot.recv() => guarded(&console, "shutdown", || sup.begin_shutdown(ShutdownKind::Reboot)),
-            Some(ev) = ev_rx.recv() => guarded(&console, "event", || sup.event(ev)),
+            // Control requests and deadlines come before service output: services printing
+            // without pause must not starve an operator, a stop deadline or a shutdown. Output
+            // is taken in bounded batches so everything else gets its turn in between.
             Some(req) = req_rx.recv() => guarded(&console, "request", || sup.request(req)),
             _ = due => guarded(&console, "deadline", || sup.on_deadline()),
+            Some(ev) = ev_rx.recv() => guarded(&console, "event", || {
+                sup.event(ev);
+                for _ in 0..OUTPUT_BATCH {
+                    match ev_rx.try_recv() {
+                        Ok(ev) => sup.event(ev),
+                        Err(_) => break,
+                    }
+                }
+            }),
         }
     }
 }

@@ -278,3 +278,33 @@ fn a_command_that_cannot_start_is_a_failure_with_a_reason() {
     assert!(s.last_exit.starts_with("could not start:"), "{s:?}");
     n.poweroff();
 }
+
+/// Two services printing as fast as they can must not starve control requests, deadlines or
+/// shutdown: the loop stays fair (logs drop rather than block).
+#[test]
+fn services_flooding_their_output_do_not_starve_control_or_shutdown() {
+    let flood = |name: &str| sh(name, "exec yes 'a line of output that never ends, as fast as a pipe takes it'");
+    let mut tick = sh("tick", "exec sleep 1000");
+    tick.readiness = Readiness::Started;
+    let n = Nasinit::start("flood", vec![flood("flood1"), flood("flood2"), tick]);
+    n.wait_for("tick", T, |s| s.state == "running");
+    // Let the floods fill every buffer between them and the supervisor.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut worst = Duration::ZERO;
+    for _ in 0..10 {
+        let t = Instant::now();
+        let st = n.rt.block_on(n.client.status()).expect("status");
+        worst = worst.max(t.elapsed());
+        assert_eq!(st.services, 3);
+    }
+    eprintln!("status under flooding output: worst {worst:?} of 10");
+    assert!(worst < Duration::from_secs(1), "status took {worst:?} under flooding output");
+    // A restart goes through its stop and start deadlines while the floods go on.
+    let before = n.service("tick").pid;
+    n.rt.block_on(n.client.restart("tick")).expect("restart");
+    let after = n.wait_for("tick", T, |s| s.state == "running" && s.pid != before);
+    assert_ne!(after.pid, before);
+    let t = Instant::now();
+    assert_eq!(n.poweroff(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(10), "poweroff took {:?} under flooding output", t.elapsed());
+}
