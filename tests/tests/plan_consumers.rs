@@ -10,14 +10,14 @@ use std::path::Path;
 /// (field path in the plan's JSON, the file that consumes it, what that file must contain).
 /// `[]` stands for every element of a list, `.*` for every key of a map.
 const CONSUMERS: &[(&str, &str, &str)] = &[
-    ("plan_version", "board/src/plan.rs", "v.plan_version != PLAN_VERSION"),
+    ("plan_version", "board/src/plan/mod.rs", "v.plan_version != PLAN_VERSION"),
     ("image.name", "image/src/root.rs", "plan.image.name"),
     ("image.version", "image/src/build.rs", "plan.image.version"),
     ("image.hostname", "init/src/bin/nasinit.rs", "plan.image.hostname"),
     ("image.board", "image/src/vm.rs", ".board"),
     ("image.emulated_board", "image/src/build.rs", "plan.image.emulated_board"),
     // Development images may autologin and carry no password: decided when the recipe is validated.
-    ("image.development", "board/src/validate.rs", "r.image.development"),
+    ("image.development", "board/src/validate/sections.rs", "r.image.development"),
     ("image.size_budget_mib", "image/src/build.rs", "plan.image.size_budget_mib"),
     ("packages", "image/src/build.rs", "plan.packages"),
     ("kernel.cmdline", "image/src/build.rs", "plan.kernel.cmdline"),
@@ -25,8 +25,8 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("kernel.modules", "init/src/bin/nasinit.rs", "plan.kernel.modules"),
     ("kernel.module_options.*", "init/src/bin/nasinit.rs", "plan.kernel.module_options"),
     // The console is the `console` service (agetty on this device at this speed).
-    ("console.device", "board/src/plan.rs", "console_service(r.console.root_login, &b.console.device"),
-    ("console.baud", "board/src/plan.rs", "b.console.baud)"),
+    ("console.device", "board/src/plan/resolve.rs", "console_service(r.console.root_login, &b.console.device"),
+    ("console.baud", "board/src/plan/resolve.rs", "b.console.baud)"),
     ("console.root_login", "image/src/root.rs", "plan.console.root_login"),
     ("console.root_password_hash", "image/src/root.rs", "plan.console.root_password_hash"),
     ("bays[].name", "init/src/early.rs", "bay.name"),
@@ -37,7 +37,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("links[].match.mac", "services/src/fabric.rs", "link.matcher.mac"),
     ("links[].match.pci", "services/src/fabric.rs", "link.matcher.pci"),
     // A link's driver is loaded at boot: resolved into kernel.modules.
-    ("links[].driver", "board/src/plan.rs", "push(&port.driver)"),
+    ("links[].driver", "board/src/plan/resolve.rs", "push(&port.driver)"),
     ("links[].speed_mbps", "services/src/fabric.rs", "link.speed_mbps"),
     ("links[].mtu", "services/src/fabric.rs", "link.mtu"),
     ("links[].addresses", "services/src/fabric.rs", "link.addresses"),
@@ -50,12 +50,12 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("fabric.dscp[].priority", "services/src/fabric.rs", "d.priority"),
     ("fabric.links[].link", "services/src/fabric.rs", "fl.link"),
     // The RDMA kind selects the RDMA driver module (or soft-RoCE): resolved into kernel.modules.
-    ("fabric.links[].rdma", "board/src/plan.rs", "port.rdma.modules()"),
+    ("fabric.links[].rdma", "board/src/plan/resolve.rs", "port.rdma.modules()"),
     ("fabric.links[].rxe_device", "services/src/fabric.rs", "fl.rxe_device"),
     ("fabric.links[].dcb", "services/src/fabric.rs", "fl.dcb == DcbMethod::Unsupported"),
     // ARC cap and tunables become the zfs module's options; storage checks them.
-    ("zfs.arc_max_bytes", "board/src/plan.rs", "r.zfs.arc_max"),
-    ("zfs.tunables.*", "board/src/plan.rs", "r.zfs.tunables"),
+    ("zfs.arc_max_bytes", "board/src/plan/resolve.rs", "r.zfs.arc_max"),
+    ("zfs.tunables.*", "board/src/plan/resolve.rs", "r.zfs.tunables"),
     ("pools", "services/src/bin/storage.rs", "plan.pools"),
     ("pools[].name", "services/src/bin/storage.rs", "pool.name"),
     ("pools[].ashift", "services/src/bin/storage.rs", "pool.ashift"),
@@ -82,10 +82,10 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("nfs.exports[].dataset", "services/src/bin/nfs.rs", "e.dataset"),
     ("nfs.exports[].path", "services/src/bin/nfs.rs", "e.path"),
     // One export asking for RDMA makes nfsd listen on the RDMA port: resolved into nfs.rdma_port.
-    ("nfs.exports[].rdma", "board/src/plan.rs", "n.exports.iter().any(|e| e.rdma)"),
+    ("nfs.exports[].rdma", "board/src/plan/resolve.rs", "n.exports.iter().any(|e| e.rdma)"),
     // /etc/exports is written from these by NfsPlan::exports_table.
-    ("nfs.exports[].clients[].network", "services/src/bin/nfs.rs", "nfs.exports_table()"),
-    ("nfs.exports[].clients[].options", "services/src/bin/nfs.rs", "nfs.exports_table()"),
+    ("nfs.exports[].clients[].network", "services/src/bin/nfs.rs", "nfs.exports_table_of("),
+    ("nfs.exports[].clients[].options", "services/src/bin/nfs.rs", "nfs.exports_table_of("),
     ("health.watchdog_driver", "services/src/bin/health.rs", "h.watchdog_driver"),
     ("health.watchdog_identity", "services/src/bin/health.rs", "h.watchdog_identity"),
     ("health.watchdog_timeout_seconds", "services/src/bin/health.rs", "h.watchdog_timeout_seconds"),
