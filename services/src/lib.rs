@@ -10,6 +10,7 @@ use nasos_layout::paths;
 pub mod fabric;
 pub mod health;
 pub mod inspect;
+pub mod mounts;
 pub mod nfsd;
 pub mod rdma;
 pub mod signals;

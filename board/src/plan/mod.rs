@@ -274,8 +274,13 @@ impl Plan {
 impl NfsPlan {
     /// The /etc/exports text, one line per export.
     pub fn exports_table(&self) -> String {
+        self.exports_table_of(|_| true)
+    }
+
+    /// The table for the exports `serve` says yes to (the others stay off).
+    pub fn exports_table_of(&self, serve: impl Fn(&ExportPlan) -> bool) -> String {
         let mut out = String::new();
-        for e in &self.exports {
+        for e in self.exports.iter().filter(|e| serve(e)) {
             let _ = write!(out, "{}", e.path);
             for c in &e.clients {
                 let _ = write!(out, " {}({})", c.network, c.options.join(","));

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use nasos_board::plan::NfsPlan;
 use nasos_services::nfsd::{self, NFSD_FS, has_listener};
 use nasos_services::signals::{Sig, Signals};
-use nasos_services::{notify_ready, plan, run, say};
+use nasos_services::{mounts, notify_ready, plan, run, say};
 
 /// How often the listeners are checked. A restarted nfsd serves TCP at once; RDMA clients
 /// reconnect within their retry interval, so two seconds without the RDMA listener is the
@@ -35,12 +35,18 @@ fn serve() -> anyhow::Result<()> {
         nix::mount::mount(Some("nfsd"), NFSD_FS, Some("nfsd"), nix::mount::MsFlags::empty(), None::<&str>)
             .context("mounting the nfsd filesystem")?;
     }
-    std::fs::write("/etc/exports", nfs.exports_table()).context("writing /etc/exports")?;
+    // Never serve what is not there: an export whose dataset is not what is mounted at its path
+    // (a dataset that failed to mount leaves the tmpfs under it) stays off, and says why.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let mut off = Vec::new();
     for e in &nfs.exports {
-        if !Path::new(&e.path).exists() {
-            bail!("export {} is not mounted at {} (is the storage service ready?)", e.dataset, e.path);
+        if let Err(why) = mounts::dataset_mounted(&mountinfo, &e.dataset, &e.path) {
+            say(format!("export of {} stays off: {why}", e.dataset));
+            off.push(e.dataset.clone());
         }
     }
+    let table = nfs.exports_table_of(|e| !off.contains(&e.dataset));
+    std::fs::write("/etc/exports", table).context("writing /etc/exports")?;
     // Grace and lease must be set before nfsd starts; the 90 s default delays first access.
     std::fs::write(Path::new(NFSD_FS).join("nfsv4gracetime"), nfs.grace_seconds.to_string())
         .context("setting the grace time")?;
@@ -62,7 +68,8 @@ fn serve() -> anyhow::Result<()> {
     start_nfsd(&nfs)?;
     let ports: Vec<String> = nfsd::listeners().iter().map(|l| format!("{} {}", l.transport, l.port)).collect();
     say(format!("nfsd listening: {}", ports.join(", ")));
-    notify_ready(&format!("serving {} exports on {}", nfs.exports.len(), ports.join(", ")))?;
+    let off_note = if off.is_empty() { String::new() } else { format!("; not serving {} (not mounted)", off.join(", ")) };
+    notify_ready(&format!("serving {} exports on {}{off_note}", nfs.exports.len() - off.len(), ports.join(", ")))?;
 
     // Wait for SIGTERM or a daemon's death, checking the listeners in between.
     let mut said: Option<String> = None;
