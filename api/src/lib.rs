@@ -75,6 +75,12 @@ pub struct Status {
     pub ready_ms: i64,
     /// Kernel boot → nasinit start, from CLOCK_BOOTTIME; -1 when unknown.
     pub kernel_ms: i64,
+    /// This boot's number on the state partition (0: no state partition).
+    pub boot: u64,
+    /// How the previous boot ended ("clean reboot", "unclean (power loss, …)"); empty on a first boot.
+    pub last_boot: String,
+    /// The state partition: its device, or why nothing persists.
+    pub state_partition: String,
     pub services: u32,
     pub services_ready: u32,
     pub services_failed: u32,
@@ -173,6 +179,12 @@ impl Client {
 
     pub async fn timeline(&self) -> Result<Vec<TimelineEntry>, ClientError> {
         self.call("Timeline", &()).await
+    }
+
+    /// Development images only: stops nasinit's event loop, as a hung PID 1 would, so the
+    /// hardware watchdog resets the box. A reply may not come: the loop stops right after it.
+    pub async fn debug_freeze(&self) -> Result<(), ClientError> {
+        self.call("DebugFreeze", &()).await
     }
 
     /// Stops every service and powers off, reboots or halts. A connection that drops after the

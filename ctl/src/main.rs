@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use nasos_api::{self as api, Client, ServiceInfo, ShutdownKind};
+use nasos_layout::state::State;
 use nasos_services::inspect;
 use serde::Serialize;
 
@@ -37,7 +39,16 @@ enum Command {
         /// How many recent lines to show first.
         #[arg(short = 'n', long, default_value_t = 50)]
         lines: u32,
+        /// An earlier boot's log, from the state partition: -1 is the previous boot, -2 the one
+        /// before (0 is this boot).
+        #[arg(long, allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(..=0))]
+        boot: Option<i64>,
     },
+    /// The boots the state partition remembers, and how each ended.
+    Boots,
+    /// Clear this box's state (identity, root password, logs, NFS state) and reboot; the pools
+    /// and their data are kept. Asks for the hostname as confirmation.
+    FactoryReset,
     /// Start a stopped or failed service.
     Start { name: String },
     /// Stop a service (it stays stopped until started).
@@ -52,12 +63,24 @@ enum Command {
     Exports,
     /// Fabric links: state, addresses, RDMA ports and RoCE v2 GIDs, DCB as the NIC runs it.
     Fabric,
+    /// Fault injection for development images.
+    Debug {
+        #[command(subcommand)]
+        what: Debug,
+    },
     /// Stop all services and reboot.
     Reboot,
     /// Stop all services and power off.
     Poweroff,
     /// Stop all services and halt.
     Halt,
+}
+
+#[derive(Subcommand)]
+enum Debug {
+    /// Stop nasinit's event loop, as a hung PID 1 would: the hardware watchdog must reset the
+    /// box. Refused on a non-development image.
+    Freeze,
 }
 
 fn main() -> ExitCode {
@@ -94,6 +117,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Pools => return show_pools(json),
         Command::Exports => return show_exports(json),
         Command::Fabric => return show_fabric(json),
+        Command::Logs { name, lines, boot: Some(back), .. } => return show_old_log(&name, lines, back),
+        Command::Boots => return show_boots(json),
         _ => {}
     }
     let client = Client::connect(&args.socket).await?;
@@ -110,6 +135,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if s.kernel_ms >= 0 {
                 println!("kernel    {} before nasinit", secs(s.kernel_ms));
             }
+            if s.boot > 0 {
+                let last = if s.last_boot.is_empty() { "none (first boot)" } else { s.last_boot.as_str() };
+                println!("boot      {} (last boot ended: {last})", s.boot);
+            }
+            println!("state     {}", s.state_partition);
         }
         Command::Services => {
             let list = client.services().await?;
@@ -118,7 +148,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             print_services(&list);
         }
-        Command::Logs { name, follow, lines } => {
+        Command::Logs { name, follow, lines, .. } => {
             let mut page = client.logs(&name, 0, lines).await?;
             loop {
                 for l in &page.lines {
@@ -162,12 +192,83 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             println!("{:<12} {:>9} {:>9}", "appliance", "", secs(s.ready_ms));
         }
+        Command::FactoryReset => factory_reset(&client).await?,
+        Command::Debug { what: Debug::Freeze } => {
+            client.debug_freeze().await?;
+            println!("nasinit's loop is frozen; the watchdog resets the box when its timeout passes");
+        }
         // Answered above, before connecting.
-        Command::Pools | Command::Exports | Command::Fabric => {}
+        Command::Pools | Command::Exports | Command::Fabric | Command::Boots => {}
         Command::Reboot => client.shutdown(ShutdownKind::Reboot).await?,
         Command::Poweroff => client.shutdown(ShutdownKind::Poweroff).await?,
         Command::Halt => client.shutdown(ShutdownKind::Halt).await?,
     }
+    Ok(())
+}
+
+/// The last `lines` lines of a service's log in an earlier boot (0: this one), read from the
+/// state partition (the rotated file first).
+fn show_old_log(name: &str, lines: u32, back: i64) -> anyhow::Result<()> {
+    let st = State::mounted();
+    let seq = st
+        .boot_back(back.unsigned_abs() as usize)
+        .with_context(|| format!("the state partition keeps {} boot(s); there is no boot {back}", st.boots().len()))?;
+    let file = st.log_file(seq, name);
+    let mut text = std::fs::read_to_string(file.with_extension("log.1")).unwrap_or_default();
+    text.push_str(
+        &std::fs::read_to_string(&file)
+            .with_context(|| format!("no log of `{name}` in boot {seq} ({})", file.display()))?,
+    );
+    let all: Vec<&str> = text.lines().collect();
+    for l in &all[all.len().saturating_sub(lines as usize)..] {
+        println!("{l}");
+    }
+    Ok(())
+}
+
+fn show_boots(json: bool) -> anyhow::Result<()> {
+    let st = State::mounted();
+    #[derive(Serialize)]
+    struct Boot {
+        boot: u64,
+        end: String,
+    }
+    let boots: Vec<Boot> = st
+        .boots()
+        .into_iter()
+        .map(|b| Boot { boot: b, end: st.boot_end(b).map_or("unknown", |e| e.as_str()).to_string() })
+        .collect();
+    if json {
+        return print(&boots);
+    }
+    let current = boots.last().map(|b| b.boot);
+    for b in &boots {
+        let how = if Some(b.boot) == current {
+            "this boot".to_string()
+        } else {
+            nasos_layout::state::BootEnd::parse(&b.end).map_or("unknown", |e| e.describe()).to_string()
+        };
+        println!("{:>5}  {how}", b.boot);
+    }
+    Ok(())
+}
+
+/// Marks the state partition to be made afresh on the next boot, then reboots.
+async fn factory_reset(client: &Client) -> anyhow::Result<()> {
+    let status = client.status().await?;
+    println!("A factory reset clears this box's identity, its root password, the logs of earlier boots and");
+    println!("the NFS state (clients cannot reclaim locks across it). The pools and their data are kept.");
+    println!("The box reboots at once. Type its hostname ({}) to go on:", status.hostname);
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    if answer.trim() != status.hostname {
+        anyhow::bail!("not confirmed: nothing was changed");
+    }
+    let marker = State::mounted().path(nasos_layout::state::FACTORY_RESET);
+    std::fs::write(&marker, b"requested by nasctl factory-reset\n")
+        .with_context(|| format!("writing {} (is the state partition mounted?)", marker.display()))?;
+    println!("factory reset on the next boot; rebooting");
+    client.shutdown(ShutdownKind::Reboot).await?;
     Ok(())
 }
 

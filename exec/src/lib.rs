@@ -1,4 +1,6 @@
-//! Running a tool with a deadline. See README.md.
+//! Running a tool with a deadline, and typed readers of what some tools print. See README.md.
+
+pub mod blkid;
 
 use std::ffi::OsString;
 use std::io::Read;

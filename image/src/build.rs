@@ -18,7 +18,7 @@ use crate::stage::{Key, Stages, write_atomic};
 use crate::{host, uki, zfs};
 
 /// Bumped when a stage's own logic changes in a way its inputs do not show.
-const STAGE_LOGIC: &str = "nasos-build-1";
+const STAGE_LOGIC: &str = "nasos-build-2";
 const BOOT_EFI: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 const ESP_MIB: u64 = 96;
 const DATA_MIB: u64 = 256;
@@ -193,19 +193,8 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             ("loader/loader.conf".to_string(), b"timeout 0\neditor no\nauto-entries no\nauto-firmware no\n".to_vec()),
             (entry.clone(), std::fs::read(&uki_path)?),
         ];
-        let data = opts.out.join("data.img");
-        disk::data_partition(&data, DATA_MIB, &guids.data, epoch)?;
         let tmp = crate::stage::tmp_path(&disk_raw);
-        disk::build(
-            &tmp,
-            &Layout { esp_mib: ESP_MIB, slot_mib, data_mib: DATA_MIB },
-            &guids,
-            &esp,
-            &root_img,
-            &data,
-            epoch,
-        )?;
-        std::fs::remove_file(&data)?;
+        disk::build(&tmp, &Layout { esp_mib: ESP_MIB, slot_mib, data_mib: DATA_MIB }, &guids, &esp, &root_img, epoch)?;
         let qtmp = crate::stage::tmp_path(&disk_qcow2);
         crate::progress::run_tool(
             std::process::Command::new("qemu-img").args(["convert", "-p", "-O", "qcow2"]).arg(&tmp).arg(&qtmp),

@@ -1,5 +1,5 @@
 //! The A/B disk: GPT with an ESP (systemd-boot and the UKI, named for boot counting), root-A
-//! holding this build, root-B empty, and a data partition. GUIDs derive from the image's content
+//! holding this build, root-B empty, and a blank state partition. GUIDs derive from the image's content
 //! and the ESP is written with fixed timestamps, so the same inputs give the same disk.
 
 use std::collections::BTreeMap;
@@ -63,7 +63,6 @@ pub fn build(
     guids: &Guids,
     esp: &EspFiles,
     root_a: &Path,
-    data: &Path,
     epoch: u64,
 ) -> anyhow::Result<()> {
     let root_len = std::fs::metadata(root_a)?.len();
@@ -128,7 +127,8 @@ pub fn build(
     copy_into(&mut f, &esp_img, esp_start)?;
     std::fs::remove_file(&esp_img)?;
     copy_into(&mut f, root_a, a_start)?;
-    copy_into(&mut f, data, data_start)?;
+    // The state partition stays blank (sparse zeros): each box makes its filesystem on first
+    // boot, with its own UUID, and nasinit never formats a partition that holds anything.
     f.sync_all()?;
     Ok(())
 }
@@ -190,25 +190,6 @@ fn copy_into(dest: &mut File, src: &Path, offset: u64) -> anyhow::Result<()> {
         } else {
             dest.write_all(&buf[..n])?;
         }
-    }
-    Ok(())
-}
-
-/// An empty ext4 data partition image, made reproducibly (fixed UUID, hash seed and time).
-pub fn data_partition(out: &Path, mib: u64, uuid: &uuid::Uuid, epoch: u64) -> anyhow::Result<()> {
-    let _ = std::fs::remove_file(out);
-    File::create(out)?.set_len(mib * MIB)?;
-    let o = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-L", slot::LABEL_DATA, "-U"])
-        .arg(uuid.to_string())
-        .arg("-E")
-        .arg(format!("hash_seed={uuid},root_owner=0:0,lazy_itable_init=0"))
-        .arg(out)
-        .env("E2FSPROGS_FAKE_TIME", epoch.to_string())
-        .output()
-        .context("running mkfs.ext4")?;
-    if !o.status.success() {
-        bail!("mkfs.ext4 failed: {}", String::from_utf8_lossy(&o.stderr));
     }
     Ok(())
 }

@@ -68,6 +68,10 @@ impl Control {
         self.ask(Request::Timeline).await
     }
 
+    async fn debug_freeze(&self) -> fdo::Result<()> {
+        self.ask(Request::Freeze).await?.map_err(fdo::Error::AccessDenied)
+    }
+
     async fn shutdown(&self, kind: String) -> fdo::Result<()> {
         let kind = ShutdownKind::parse(&kind)
             .ok_or_else(|| invalid(format!("unknown shutdown `{kind}`: use poweroff, reboot or halt")))?;

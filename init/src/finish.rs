@@ -10,8 +10,11 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{Pid, sync};
 
+use nasos_layout::state::{BootEnd, State};
+
 use crate::console::Console;
 use crate::supervisor::ShutdownKind;
+use crate::watchdog::Watchdog;
 
 /// Filesystems that hold no data worth unmounting before power goes.
 const VIRTUAL: &[&str] = &[
@@ -34,16 +37,38 @@ const VIRTUAL: &[&str] = &[
     "fusectl",
 ];
 
-pub fn finish(kind: ShutdownKind, console: &Console) -> ! {
+/// `record`: the state partition and this boot's number, where how the boot ended is written.
+/// `watchdog`: fed once at the start and disarmed only after everything is synced and unmounted,
+/// so a shutdown that sticks still ends in a reset.
+pub fn finish(
+    kind: ShutdownKind,
+    console: &Console,
+    record: Option<(&State, u64)>,
+    mut watchdog: Option<&mut Watchdog>,
+) -> ! {
+    if let Some(w) = watchdog.as_deref_mut() {
+        w.feed();
+    }
     console.say("sending SIGTERM to remaining processes");
     let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
     reap_until_gone(Duration::from_secs(5));
     console.say("sending SIGKILL to remaining processes");
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
     reap_until_gone(Duration::from_secs(2));
+    if let Some((st, boot)) = record {
+        let end = match kind {
+            ShutdownKind::Poweroff => BootEnd::Poweroff,
+            ShutdownKind::Reboot => BootEnd::Reboot,
+            ShutdownKind::Halt => BootEnd::Halt,
+        };
+        crate::state::record_end(st, boot, end);
+    }
     sync();
     unmount_all(console);
     sync();
+    if let Some(w) = watchdog {
+        w.disarm(console);
+    }
     let mode = match kind {
         ShutdownKind::Poweroff => RebootMode::RB_POWER_OFF,
         ShutdownKind::Reboot => RebootMode::RB_AUTOBOOT,

@@ -14,5 +14,7 @@ pub mod logs;
 pub mod machine;
 pub mod process;
 pub mod run;
+pub mod state;
 pub mod supervisor;
 pub mod view;
+pub mod watchdog;

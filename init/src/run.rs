@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use crate::console::Console;
 use crate::control;
 use crate::supervisor::{Config, ShutdownKind, Supervisor};
+use crate::watchdog::Watchdog;
 
 /// Service output events handled in one turn of the loop before it looks at everything else.
 const OUTPUT_BATCH: usize = 64;
@@ -22,12 +23,23 @@ pub struct Options {
 }
 
 /// Runs the supervisor until a shutdown has stopped every service; returns the kind requested.
-pub fn run(opts: Options, t0: Instant, console: Console) -> std::io::Result<(ShutdownKind, Supervisor)> {
+/// The watchdog, if any, is fed from this loop and from nothing else.
+pub fn run(
+    opts: Options,
+    t0: Instant,
+    console: Console,
+    watchdog: Option<&mut Watchdog>,
+) -> std::io::Result<(ShutdownKind, Supervisor)> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(event_loop(opts, t0, console))
+    rt.block_on(event_loop(opts, t0, console, watchdog))
 }
 
-async fn event_loop(opts: Options, t0: Instant, console: Console) -> std::io::Result<(ShutdownKind, Supervisor)> {
+async fn event_loop(
+    opts: Options,
+    t0: Instant,
+    console: Console,
+    mut watchdog: Option<&mut Watchdog>,
+) -> std::io::Result<(ShutdownKind, Supervisor)> {
     let pid1 = opts.config.pid1;
     let mut sigchld = signal(SignalKind::child())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -54,9 +66,26 @@ async fn event_loop(opts: Options, t0: Instant, console: Console) -> std::io::Re
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             return Ok((kind, sup));
         }
+        if sup.frozen() {
+            // `nasctl debug freeze` on a development image: PID 1's loop stops here, as a hung
+            // PID 1 would, and only the hardware watchdog can end it.
+            console.say("debug freeze: the event loop stops now; the watchdog will reset the box");
+            // Let the reply reach nasctl first.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
         let deadline = sup.next_deadline();
         let due = async move {
             match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let feed_at = watchdog.as_ref().and_then(|w| w.next());
+        let feed = async move {
+            match feed_at {
                 Some(d) => tokio::time::sleep_until(d.into()).await,
                 None => std::future::pending().await,
             }
@@ -82,6 +111,13 @@ async fn event_loop(opts: Options, t0: Instant, console: Console) -> std::io::Re
             // Control requests and deadlines come before service output: services printing
             // without pause must not starve an operator, a stop deadline or a shutdown. Output
             // is taken in bounded batches so everything else gets its turn in between.
+            _ = feed => guarded(&console, "watchdog", || {
+                if let Some(w) = watchdog.as_deref_mut()
+                    && w.tick(Instant::now(), &console) == Some(true)
+                {
+                    sup.watchdog_reset_before_this_boot();
+                }
+            }),
             Some(req) = req_rx.recv() => guarded(&console, "request", || sup.request(req)),
             _ = due => guarded(&console, "deadline", || sup.on_deadline()),
             Some(ev) = ev_rx.recv() => guarded(&console, "event", || {

@@ -41,6 +41,8 @@ pub enum Request {
     Logs(String, u64, u32, oneshot::Sender<Result<LogPage, String>>),
     Timeline(oneshot::Sender<Vec<TimelineEntry>>),
     Shutdown(ShutdownKind, oneshot::Sender<()>),
+    /// Development images only: stop the event loop, as a hung PID 1 would.
+    Freeze(oneshot::Sender<Result<(), String>>),
 }
 
 /// What the per-service I/O tasks report.
@@ -67,7 +69,7 @@ pub struct Config {
     pub log_dir: Option<PathBuf>,
     pub cgroups: Option<CgroupRoot>,
     pub pid1: bool,
-    pub kernel_ms: i64,
+    pub facts: view::BootFacts,
 }
 
 pub struct Supervisor {
@@ -77,15 +79,16 @@ pub struct Supervisor {
     run_dir: PathBuf,
     cgroups: Option<CgroupRoot>,
     pid1: bool,
-    kernel_ms: i64,
+    facts: view::BootFacts,
     orphans_reaped: u64,
     console: Console,
     events: mpsc::Sender<Event>,
+    frozen: bool,
 }
 
 impl Supervisor {
     pub fn new(config: Config, t0: Instant, console: Console, events: mpsc::Sender<Event>) -> Self {
-        let Config { plan, run_dir, log_dir, cgroups, pid1, kernel_ms } = config;
+        let Config { plan, run_dir, log_dir, cgroups, pid1, facts } = config;
         let core = Core::new(plan.services.clone(), t0);
         let handles = core
             .services
@@ -104,8 +107,19 @@ impl Supervisor {
                 }
             })
             .collect();
-        let mut sup =
-            Supervisor { core, handles, plan, run_dir, cgroups, pid1, kernel_ms, orphans_reaped: 0, console, events };
+        let mut sup = Supervisor {
+            core,
+            handles,
+            plan,
+            run_dir,
+            cgroups,
+            pid1,
+            facts,
+            orphans_reaped: 0,
+            console,
+            events,
+            frozen: false,
+        };
         sup.perform();
         sup
     }
@@ -303,6 +317,15 @@ impl Supervisor {
                 self.core.begin_shutdown(kind, now);
                 let _ = tx.send(());
             }
+            Request::Freeze(tx) => {
+                let r = if self.plan.image.development {
+                    self.frozen = true;
+                    Ok(())
+                } else {
+                    Err("refused: debug freeze is a fault injection for development images only".to_string())
+                };
+                let _ = tx.send(r);
+            }
         }
         self.perform();
     }
@@ -311,7 +334,7 @@ impl Supervisor {
         let hostname = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
         view::status(
             &self.core,
-            &view::Box { hostname, plan: &self.plan, pid1: self.pid1, kernel_ms: self.kernel_ms },
+            &view::Box { hostname, plan: &self.plan, pid1: self.pid1, facts: &self.facts },
             self.orphans_reaped,
         )
     }
@@ -320,6 +343,22 @@ impl Supervisor {
     pub fn begin_shutdown(&mut self, kind: ShutdownKind) {
         self.core.begin_shutdown(kind, Instant::now());
         self.perform();
+    }
+
+    /// The watchdog says it reset the machine: the previous boot, which left no record of a
+    /// clean end, ended that way.
+    pub fn watchdog_reset_before_this_boot(&mut self) {
+        let end = nasos_layout::state::BootEnd::Watchdog;
+        self.console.say(&format!("the last boot ended: {}", end.describe()));
+        self.facts.last_boot = end.describe().to_string();
+        if let Some((root, prev)) = &self.facts.previous {
+            crate::state::record_end(&nasos_layout::state::State::at(root), *prev, end);
+        }
+    }
+
+    /// Whether a debug freeze was asked for (the loop then stops).
+    pub fn frozen(&self) -> bool {
+        self.frozen
     }
 
     /// The shutdown kind once every service has stopped; `None` while some still run.

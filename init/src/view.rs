@@ -12,7 +12,20 @@ pub struct Box<'a> {
     pub hostname: String,
     pub plan: &'a Plan,
     pub pid1: bool,
+    pub facts: &'a BootFacts,
+}
+
+/// What nasinit learned while the box came up, before the supervisor ran.
+#[derive(Debug, Clone, Default)]
+pub struct BootFacts {
+    /// Kernel boot → nasinit start; -1 when unknown (not PID 1).
     pub kernel_ms: i64,
+    /// This boot's number on the state partition; 0 without one.
+    pub boot: u64,
+    pub last_boot: String,
+    pub state_partition: String,
+    /// The state partition's mount and the previous boot's number, to settle its record.
+    pub previous: Option<(std::path::PathBuf, u64)>,
 }
 
 /// Milliseconds since nasinit started; -1 for "not yet".
@@ -39,7 +52,10 @@ pub fn status(core: &Core, b: &Box<'_>, orphans_reaped: u64) -> Status {
         pid1: b.pid1,
         uptime_ms: core.t0.elapsed().as_millis() as i64,
         ready_ms: ms(core, core.ready_at),
-        kernel_ms: b.kernel_ms,
+        kernel_ms: b.facts.kernel_ms,
+        boot: b.facts.boot,
+        last_boot: b.facts.last_boot.clone(),
+        state_partition: b.facts.state_partition.clone(),
         services: core.services.len() as u32,
         services_ready: core.services.iter().filter(|s| s.state.is_ready()).count() as u32,
         services_failed: failed,

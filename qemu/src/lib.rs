@@ -302,6 +302,21 @@ impl Vm {
     }
 
     /// Sends one QMP command (after the capabilities handshake) and returns its `return` value.
+    /// Opens a QMP connection that listens for events (QEMU serves one QMP client at a time:
+    /// send no command while it is open).
+    pub fn qmp_events(&self) -> anyhow::Result<QmpEvents> {
+        let path = self.qmp.as_ref().context("this VM has no QMP socket")?;
+        let s = UnixStream::connect(path)?;
+        let mut r = BufReader::new(s.try_clone()?);
+        let mut w = s;
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")?;
+        line.clear();
+        r.read_line(&mut line)?;
+        Ok(QmpEvents { reader: r, _writer: w })
+    }
+
     pub fn qmp(&self, execute: &str, arguments: serde_json::Value) -> anyhow::Result<serde_json::Value> {
         let path = self.qmp.as_ref().context("this VM has no QMP socket")?;
         let s = UnixStream::connect(path)?;
@@ -384,6 +399,41 @@ pub fn strip_escapes(line: &str) -> String {
         }
     }
     out
+}
+
+/// A QMP connection waiting for events.
+pub struct QmpEvents {
+    reader: BufReader<UnixStream>,
+    _writer: UnixStream,
+}
+
+impl QmpEvents {
+    /// Waits for the event named `name` (`WATCHDOG`, `RESET`); returns it whole.
+    pub fn wait(&mut self, name: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        let mut line = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("no QMP event {name} within {timeout:?}");
+            }
+            self.reader.get_ref().set_read_timeout(Some(left))?;
+            line.clear();
+            match self.reader.read_line(&mut line) {
+                Ok(0) => bail!("QMP closed before the event {name}"),
+                Ok(_) => {
+                    let v: serde_json::Value = serde_json::from_str(&line)?;
+                    if v.get("event").and_then(|e| e.as_str()) == Some(name) {
+                        return Ok(v);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                    bail!("no QMP event {name} within {timeout:?}")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,16 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The watchdog device whose driver reports this identity (`i6300ESB timer`, `SP5100 TCO timer`):
-/// found by what it is, never by its number.
-pub fn find_watchdog(sys: &Path, identity: &str) -> Option<std::path::PathBuf> {
-    for e in std::fs::read_dir(sys.join("class/watchdog")).ok()?.flatten() {
-        if std::fs::read_to_string(e.path().join("identity")).is_ok_and(|i| i.trim() == identity) {
-            return Some(std::path::PathBuf::from("/dev").join(e.file_name()));
-        }
-    }
-    None
-}
+use nasos_board::plan::BayPlan;
 
 /// One bay's NVMe composite temperature, as the kernel's nvme hwmon reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,28 +14,40 @@ pub struct BayTemperature {
     pub celsius: Option<f64>,
 }
 
-/// Reads the temperature of the drive in each bay: `bay_dir/BAYnn` points at the namespace
-/// (`/dev/nvme3n1`), whose controller carries an hwmon with `temp1_input` (millidegrees).
-/// `sys` is normally `/sys`.
-pub fn nvme_temperatures(sys: &Path, bay_dir: &Path, bays: &[String]) -> Vec<BayTemperature> {
+/// Reads the composite temperature of the drive in each bay from its controller's hwmon
+/// (`/sys/class/nvme/nvmeK/hwmonN/temp1_input`, millidegrees; the kernel reads the SMART log).
+/// Controllers are matched to bays as nasinit links them: by serial on the twin board, by PCI
+/// address on real hardware, never by kernel numbering. `sys` is normally `/sys`.
+pub fn nvme_temperatures(sys: &Path, bays: &[BayPlan]) -> Vec<BayTemperature> {
+    let read = |p: &Path| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let ctrls: Vec<(Option<String>, Option<String>, Option<f64>)> = std::fs::read_dir(sys.join("class/nvme"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|c| {
+            let dir = c.path();
+            let celsius = std::fs::read_dir(&dir).ok().and_then(|entries| {
+                entries.flatten().find_map(|e| {
+                    if !e.file_name().to_string_lossy().starts_with("hwmon") {
+                        return None;
+                    }
+                    let milli: i64 = read(&e.path().join("temp1_input"))?.parse().ok()?;
+                    Some(milli as f64 / 1000.0)
+                })
+            });
+            (read(&dir.join("serial")), read(&dir.join("address")), celsius)
+        })
+        .collect();
     bays.iter()
         .map(|bay| {
-            let celsius = std::fs::read_link(bay_dir.join(bay))
-                .ok()
-                .and_then(|target| target.file_name().map(|n| n.to_owned()))
-                .and_then(|ns| {
-                    let device = sys.join("block").join(ns).join("device");
-                    std::fs::read_dir(&device).ok()?.flatten().find_map(|e| {
-                        let name = e.file_name();
-                        if !name.to_string_lossy().starts_with("hwmon") {
-                            return None;
-                        }
-                        let milli: i64 =
-                            std::fs::read_to_string(e.path().join("temp1_input")).ok()?.trim().parse().ok()?;
-                        Some(milli as f64 / 1000.0)
-                    })
-                });
-            BayTemperature { bay: bay.clone(), celsius }
+            let celsius = ctrls
+                .iter()
+                .find(|(serial, address, _)| {
+                    bay.matcher.serial.as_ref().is_some_and(|s| serial.as_ref() == Some(s))
+                        || bay.matcher.pci.as_ref().is_some_and(|p| address.as_ref() == Some(p))
+                })
+                .and_then(|(_, _, c)| *c);
+            BayTemperature { bay: bay.name.clone(), celsius }
         })
         .collect()
 }
@@ -79,29 +82,34 @@ mod tests {
     #[test]
     fn temperatures_are_read_by_bay_through_the_controller_hwmon() {
         let t = fixture("temps");
-        let sys = t.join("sys");
-        std::fs::create_dir_all(sys.join("block/nvme4n1/device/hwmon7")).expect("fixture");
-        std::fs::write(sys.join("block/nvme4n1/device/hwmon7/temp1_input"), "71850\n").expect("fixture");
-        std::fs::create_dir_all(sys.join("block/nvme0n1/device")).expect("fixture");
-        std::os::unix::fs::symlink("/dev/nvme4n1", t.join("bays/BAY01")).expect("link");
-        std::os::unix::fs::symlink("/dev/nvme0n1", t.join("bays/BAY02")).expect("link");
-        let bays: Vec<String> = ["BAY01", "BAY02", "BAY03"].iter().map(|s| s.to_string()).collect();
-        let temps = nvme_temperatures(&sys, &t.join("bays"), &bays);
-        assert_eq!(temps[0], BayTemperature { bay: "BAY01".into(), celsius: Some(71.85) });
-        assert_eq!(temps[1].celsius, None, "no hwmon");
-        assert_eq!(temps[2].celsius, None, "empty bay");
-        let _ = std::fs::remove_dir_all(&t);
-    }
-
-    #[test]
-    fn the_watchdog_is_found_by_identity() {
-        let t = fixture("watchdog");
-        for (n, id) in [("watchdog0", "iTCO_wdt"), ("watchdog1", "i6300ESB timer")] {
-            std::fs::create_dir_all(t.join("class/watchdog").join(n)).expect("fixture");
-            std::fs::write(t.join("class/watchdog").join(n).join("identity"), format!("{id}\n")).expect("fixture");
+        let nvme = t.join("class/nvme");
+        for (ctrl, serial, addr, temp) in
+            [("nvme4", "BAY01", "0000:03:00.0", Some("71850")), ("nvme0", "BAY02", "0000:04:00.0", None)]
+        {
+            std::fs::create_dir_all(nvme.join(ctrl).join("hwmon7")).expect("fixture");
+            std::fs::write(nvme.join(ctrl).join("serial"), format!("{serial}   \n")).expect("fixture");
+            std::fs::write(nvme.join(ctrl).join("address"), format!("{addr}\n")).expect("fixture");
+            if let Some(v) = temp {
+                std::fs::write(nvme.join(ctrl).join("hwmon7/temp1_input"), format!("{v}\n")).expect("fixture");
+            }
         }
-        assert_eq!(find_watchdog(&t, "i6300ESB timer"), Some(std::path::PathBuf::from("/dev/watchdog1")));
-        assert_eq!(find_watchdog(&t, "SP5100 TCO timer"), None);
+        let bay = |name: &str, serial: Option<&str>, pci: Option<&str>| BayPlan {
+            name: name.into(),
+            matcher: nasos_board::board::DeviceMatch {
+                serial: serial.map(String::from),
+                pci: pci.map(String::from),
+                ..Default::default()
+            },
+        };
+        let bays = [
+            bay("BAY01", Some("BAY01"), None),
+            bay("BAY02", None, Some("0000:04:00.0")),
+            bay("BAY03", Some("BAY03"), None),
+        ];
+        let temps = nvme_temperatures(&t, &bays);
+        assert_eq!(temps[0], BayTemperature { bay: "BAY01".into(), celsius: Some(71.85) });
+        assert_eq!(temps[1].celsius, None, "no hwmon reading");
+        assert_eq!(temps[2].celsius, None, "empty bay");
         let _ = std::fs::remove_dir_all(&t);
     }
 

@@ -10,17 +10,14 @@ pub struct Mount {
 
 /// The mount on top at `path`, from mountinfo text; `None` when nothing is mounted exactly there.
 pub fn mount_at(mountinfo: &str, path: &str) -> Option<Mount> {
-    mountinfo
-        .lines()
-        .rev()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let point = left.split_whitespace().nth(4)?.replace("\\040", " ");
-            let mut r = right.split_whitespace();
-            let fstype = r.next()?.to_string();
-            let source = r.next()?.replace("\\040", " ");
-            (point == path).then_some(Mount { fstype, source })
-        })
+    mountinfo.lines().rev().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = left.split_whitespace().nth(4)?.replace("\\040", " ");
+        let mut r = right.split_whitespace();
+        let fstype = r.next()?.to_string();
+        let source = r.next()?.replace("\\040", " ");
+        (point == path).then_some(Mount { fstype, source })
+    })
 }
 
 /// Whether ZFS dataset `dataset` is what is mounted at `path`; if not, what is there instead.

@@ -10,21 +10,6 @@ pub enum DiskContent {
     Holds(String),
 }
 
-/// Parses `blkid -p -o export` output (exit status 2, no output, means blank).
-pub fn describe_blkid(output: &str) -> Option<String> {
-    let mut kv = std::collections::BTreeMap::new();
-    for l in output.lines() {
-        if let Some((k, v)) = l.split_once('=') {
-            kv.insert(k.to_string(), v.to_string());
-        }
-    }
-    if let Some(t) = kv.get("TYPE") {
-        let label = kv.get("LABEL").map(|l| format!(" labelled {l}")).unwrap_or_default();
-        return Some(format!("a {t} signature{label}"));
-    }
-    kv.get("PTTYPE").map(|p| format!("a {p} partition table"))
-}
-
 /// Whether a pool may be created over these disks; the error names each bay and what is on it.
 pub fn may_create(pool: &str, disks: &[(String, DiskContent)]) -> Result<(), String> {
     let problems: Vec<String> = disks
@@ -60,19 +45,6 @@ mod tests {
         let scan = "  pool: tank\n    id: 644726112428041454\n state: ONLINE\nstatus: The pool was last accessed by another system.\n\n\ttank                   ONLINE\n\t  raidz2-0             ONLINE\n   pool: old\n";
         assert_eq!(importable_names(scan), vec!["tank".to_string(), "old".to_string()]);
         assert!(importable_names("no pools available to import\n").is_empty());
-    }
-
-    #[test]
-    fn blkid_findings_are_described() {
-        assert_eq!(
-            describe_blkid("DEVNAME=/dev/nvme0n1\nTYPE=zfs_member\nLABEL=oldpool\n"),
-            Some("a zfs_member signature labelled oldpool".into())
-        );
-        assert_eq!(
-            describe_blkid("DEVNAME=/dev/nvme0n1\nPTUUID=x\nPTTYPE=gpt\n"),
-            Some("a gpt partition table".into())
-        );
-        assert_eq!(describe_blkid(""), None);
     }
 
     #[test]

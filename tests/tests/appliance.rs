@@ -51,6 +51,7 @@ fn main() -> ExitCode {
     s.check("boot::reaches_ready_through_the_verified_root", boot_ready);
     s.check("boot::nasctl_reports_a_ready_appliance", nasctl_reports);
     s.check("boot::services_say_what_the_twin_board_cannot_apply", services_say);
+    s.check("liveness::the_watchdog_resets_a_frozen_pid1", watchdog_resets_a_frozen_pid1);
     s.check("boot::poweroff_ends_qemu_cleanly", poweroff);
     s.check("storage::a_foreign_bay_is_refused_and_left_untouched", foreign_bay);
     s.check("boot::a_tampered_root_is_refused", tampered_root);
@@ -110,6 +111,11 @@ fn boot_ready() {
     let mut vm = boot(&IMAGE.get().join("disk.qcow2"), "dev");
     let t0 = Instant::now();
     let started = vm.wait_for("nasinit: started", Duration::from_secs(240)).expect("nasinit starts");
+    // The image ships its state partition blank: the first boot makes its filesystem.
+    let made = vm.wait_for("nasinit: state partition ", Duration::from_secs(60)).expect("the state partition");
+    assert!(made.contains("is blank: making its filesystem (first boot)"), "{made}");
+    let state = vm.wait_for("nasinit: state on ", Duration::from_secs(60)).expect("the state partition mounted");
+    assert!(state.ends_with(", boot 1 (first boot)"), "{state}");
     let ready = vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("the appliance becomes ready");
     eprintln!("{started}\n{ready}\n(wall clock from QEMU start: {:.1}s)", t0.elapsed().as_secs_f64());
     let secs: f64 =
@@ -143,6 +149,31 @@ fn services_say() {
         let health = ok(vm, "nasctl logs health");
         let temps = health.lines().find(|l| l.contains("NVMe temperatures (warn above 70°C)")).unwrap_or_default();
         assert!(temps.contains("BAY01 ") && temps.contains("BAY12 "), "{health}");
+    });
+}
+
+/// PID 1 owns the hardware watchdog: when its loop stops (a development-only fault injection),
+/// the watchdog resets the VM, and the next boot knows why the last one ended.
+fn watchdog_resets_a_frozen_pid1() {
+    DEV.with(|vm| {
+        let armed = ok(vm, "dmesg | grep 'nasinit: watchdog' || true");
+        assert!(armed.contains("armed, timeout 30s, fed by nasinit"), "{armed}");
+        let mut events = vm.qmp_events().expect("QMP");
+        vm.send_line("nasctl debug freeze").expect("freeze");
+        vm.expect_new_shell();
+        let t = Instant::now();
+        let fired = events.wait("WATCHDOG", Duration::from_secs(240)).expect("the watchdog fires");
+        eprintln!("watchdog fired {:.1}s after the freeze: {fired}", t.elapsed().as_secs_f64());
+        assert_eq!(fired["data"]["action"], "reset", "{fired}");
+        drop(events);
+        let said =
+            vm.wait_for("nasinit: the last boot ended: ", Duration::from_secs(300)).expect("the next boot says why");
+        assert!(said.ends_with("hardware watchdog reset"), "{said}");
+        vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
+        vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        let status = status_json(vm);
+        assert_eq!(status["last_boot"], "hardware watchdog reset", "{status}");
+        assert_eq!(status["boot"], 2, "{status}");
     });
 }
 

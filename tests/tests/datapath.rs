@@ -14,24 +14,51 @@ use nasos_tests::suite::{Shared, Suite};
 use nasos_tests::{Pair, digest, mount_train, ok, repo};
 
 static PAIR: Shared<Pair> = Shared::new("pair::both_vms_become_ready");
+/// The appliance's identity as first booted: (machine-id, NVMe host NQN).
+static IDENTITY: Shared<(String, String)> = Shared::new("state::first_boot_makes_the_state_partition_and_an_identity");
 /// (file name, sha256) of what the client wrote.
 static WRITTEN: Shared<Vec<(String, String)>> = Shared::new("nfs::rdma_and_tcp_round_trip_with_root_squash");
 
 fn main() -> ExitCode {
     let mut s = Suite::new();
     s.check("pair::both_vms_become_ready", || PAIR.set(Pair::start(&repo().join("build/e2e/datapath"))));
+    s.check("state::first_boot_makes_the_state_partition_and_an_identity", first_boot_state);
     s.check("views::nasctl_shows_pools_exports_and_fabric", views);
     s.check("nfs::an_export_refuses_a_client_outside_its_networks", refused_client);
     s.check("nfs::rdma_and_tcp_round_trip_with_root_squash", round_trip);
     s.check("nfs::a_restarted_nfsd_gets_its_rdma_listener_back", nfsd_restart);
     s.check("lifecycle::a_reboot_imports_the_pool_and_the_data_is_there", reboot);
     s.check("lifecycle::a_power_cut_with_the_client_mounted_loses_nothing", power_cut);
+    s.check("lifecycle::ctrl_alt_del_is_an_orderly_reboot", ctrl_alt_del);
     s.teardown(|| {
         if let Some(pair) = PAIR.take() {
             pair.kill();
         }
     });
     s.run()
+}
+
+fn status(nas: &mut nasos_qemu::Vm) -> serde_json::Value {
+    json(&ok(nas, "nasctl status --json"))
+}
+
+/// The first boot made the state partition's filesystem and this box's identity.
+fn first_boot_state() {
+    PAIR.with(|Pair { nas, .. }| {
+        let st = status(nas);
+        assert_eq!(st["boot"], 1, "{st}");
+        assert_eq!(st["last_boot"], "", "{st}");
+        assert!(st["state_partition"].as_str().is_some_and(|s| s.ends_with("(made this boot)")), "{st}");
+        let mounted = ok(nas, "findmnt -n -o SOURCE,FSTYPE,OPTIONS /var/lib/nasos");
+        assert!(mounted.contains("ext4") && mounted.contains("rw"), "{mounted}");
+        let machine_id = ok(nas, "cat /etc/machine-id").trim().to_string();
+        assert!(machine_id.len() == 32 && machine_id.bytes().all(|b| b.is_ascii_hexdigit()), "{machine_id}");
+        let nqn = ok(nas, "cat /etc/nvme/hostnqn").trim().to_string();
+        assert!(nqn.starts_with("nqn.2014-08.org.nvmexpress:uuid:"), "{nqn}");
+        let nfs = ok(nas, "findmnt -n -o SOURCE /var/lib/nfs");
+        assert!(nfs.contains("/nfs"), "NFS state is not on the state partition: {nfs}");
+        IDENTITY.set((machine_id, nqn));
+    });
 }
 
 fn views() {
@@ -157,7 +184,16 @@ fn reboot() {
     let written = WRITTEN.get();
     PAIR.with(|Pair { nas, gpu, .. }| {
         // The appliance reboots: its pool is imported from the bays, not created again, and the
-        // client reads what it wrote before.
+        // client reads what it wrote before. A lock the client holds over RDMA is reclaimed in
+        // the grace period (nfsd's client records are on the state partition).
+        mount_train(gpu, "rdma", "/tmp/mnt-lock");
+        ok(gpu, "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'nohup flock /tmp/mnt-lock/job/lockfile sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/lock.pid'; sleep 3");
+        // The lock as the appliance's kernel holds it, by the file's inode.
+        let inode = poll(nas, "stat -c %i /export/tank/train/job/lockfile 2>/dev/null || true", "", Duration::from_secs(5));
+        assert!(inode.trim().parse::<u64>().is_ok(), "no lock file on the appliance: {inode:?}");
+        let inode = format!(":{} ", inode.trim());
+        let held = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(30));
+        assert!(held.contains(&inode), "the client's lock is not on the appliance ({inode}): {held}");
         nas.send_line("nasctl reboot").expect("reboot");
         nas.expect_new_shell();
         let t = std::time::Instant::now();
@@ -173,6 +209,23 @@ fn reboot() {
         for (name, sum) in &written {
             assert_eq!(&digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-tcp/job/{name}"))), sum, "{name} after reboot");
         }
+        // The lock came back within the grace period, and its holder never noticed.
+        let locks = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(90));
+        assert!(locks.contains(&inode), "the lock was not reclaimed ({inode}): {locks}");
+        ok(gpu, "kill -0 $(cat /tmp/lock.pid)");
+        let dmesg = ok(gpu, "dmesg | grep -i -E 'reclaim|lost' || true");
+        assert!(!dmesg.to_lowercase().contains("failed"), "the client lost state: {dmesg}");
+        ok(gpu, "kill $(cat /tmp/lock.pid); sleep 1; umount /tmp/mnt-lock");
+        // The box kept its identity and knows how its last boot ended; the first boot's log is
+        // still there.
+        let st = status(nas);
+        assert_eq!(st["boot"], 2, "{st}");
+        assert_eq!(st["last_boot"], "clean reboot", "{st}");
+        let (machine_id, nqn) = IDENTITY.get();
+        assert_eq!(ok(nas, "cat /etc/machine-id").trim(), machine_id);
+        assert_eq!(ok(nas, "cat /etc/nvme/hostnqn").trim(), nqn);
+        let before = ok(nas, "nasctl logs storage --boot -1");
+        assert!(before.contains("created on 12 blank disks"), "the first boot's storage log: {before}");
     });
 }
 
@@ -202,7 +255,24 @@ fn power_cut() {
                 "{name} after power cut"
             );
         }
+        let st = status(nas);
+        assert!(st["last_boot"].as_str().is_some_and(|s| s.starts_with("unclean")), "{st}");
         ok(gpu, "umount /tmp/mnt-tcp");
+    });
+}
+
+/// Ctrl-Alt-Del reaches nasinit (the kernel no longer resets at once): services stop in order,
+/// the box reboots and comes back ready, and it knows the reboot was clean.
+fn ctrl_alt_del() {
+    PAIR.with(|Pair { nas, .. }| {
+        nas.qmp("send-key", serde_json::json!({"keys": [{"type": "qcode", "data": "ctrl"}, {"type": "qcode", "data": "alt"}, {"type": "qcode", "data": "delete"}]}))
+            .expect("send-key");
+        nas.expect_new_shell();
+        nas.wait_for("nasinit: reboot requested: stopping services", Duration::from_secs(60)).expect("an orderly reboot");
+        nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready after Ctrl-Alt-Del");
+        nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        let st = status(nas);
+        assert_eq!(st["last_boot"], "clean reboot", "{st}");
     });
 }
 

@@ -86,12 +86,13 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     // /etc/exports is written from these by NfsPlan::exports_table.
     ("nfs.exports[].clients[].network", "services/src/bin/nfs.rs", "nfs.exports_table_of("),
     ("nfs.exports[].clients[].options", "services/src/bin/nfs.rs", "nfs.exports_table_of("),
-    ("health.watchdog_driver", "services/src/bin/health.rs", "h.watchdog_driver"),
-    ("health.watchdog_identity", "services/src/bin/health.rs", "h.watchdog_identity"),
-    ("health.watchdog_timeout_seconds", "services/src/bin/health.rs", "h.watchdog_timeout_seconds"),
+    // The watchdog's driver is loaded at boot: resolved into kernel.modules.
+    ("health.watchdog_driver", "board/src/plan/resolve.rs", "push(&b.watchdog.driver)"),
+    ("health.watchdog_identity", "init/src/bin/nasinit.rs", "plan.health.watchdog_identity"),
+    ("health.watchdog_timeout_seconds", "init/src/bin/nasinit.rs", "plan.health.watchdog_timeout_seconds"),
     ("health.nvme_temperature_warn_celsius", "services/src/bin/health.rs", "plan.health.nvme_temperature_warn_celsius"),
     ("health.pool_capacity_warn_percent", "services/src/bin/health.rs", "plan.health.pool_capacity_warn_percent"),
-    ("health.check_interval_seconds", "services/src/bin/health.rs", "h.check_interval_seconds"),
+    ("health.check_interval_seconds", "services/src/bin/health.rs", "plan.health.check_interval_seconds"),
     ("upgrade.boot_tries", "image/src/build.rs", "plan.upgrade.boot_tries"),
     ("services[].name", "init/src/machine.rs", "spec.name"),
     ("services[].command", "init/src/supervisor.rs", "spec.command"),

@@ -21,6 +21,8 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         "kmod",
         "udev",
         "util-linux",
+        // mkfs.ext4 and e2fsck for the state partition, made on first boot.
+        "e2fsprogs",
         "iproute2",
         "ethtool",
         "nvme-cli",

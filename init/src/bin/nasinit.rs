@@ -12,7 +12,9 @@ use nasos_init::cgroup::CgroupRoot;
 use nasos_init::console::Console;
 use nasos_init::run::{Options, run};
 use nasos_init::supervisor::Config;
-use nasos_init::{early, finish};
+use nasos_init::view::BootFacts;
+use nasos_init::watchdog::Watchdog;
+use nasos_init::{early, finish, state};
 use nasos_layout::{agents, paths};
 
 #[derive(Parser)]
@@ -84,6 +86,37 @@ fn pid1(t0: Instant) -> ! {
     early::writable_overlays(&console);
     let console = Console::new(true);
     console.say(&format!("started {:.2}s after the kernel", kernel_ms as f64 / 1000.0));
+    // Ctrl-Alt-Del becomes SIGINT to PID 1 (an orderly reboot) instead of the kernel's instant
+    // reset.
+    if let Err(e) = nix::sys::reboot::set_cad_enabled(false) {
+        console.say(&format!("cannot take Ctrl-Alt-Del from the kernel: {e}"));
+    }
+    let brought = state::bring_up(&console);
+    let facts = BootFacts {
+        kernel_ms,
+        boot: brought.boot,
+        last_boot: brought.last_end.map(|e| e.describe().to_string()).unwrap_or_default(),
+        state_partition: match &brought.device {
+            Ok(d) if brought.created => format!("{} (made this boot)", d.display()),
+            Ok(d) => d.display().to_string(),
+            Err(why) => format!("none: {why}"),
+        },
+        previous: brought
+            .device
+            .is_ok()
+            .then(|| brought.state.boots().iter().rev().nth(1).map(|p| (brought.state.root.clone(), *p)))
+            .flatten(),
+    };
+    match (&brought.device, brought.last_end) {
+        (Ok(d), Some(end)) => console.say(&format!(
+            "state on {}, boot {}; the last boot ended: {}",
+            d.display(),
+            brought.boot,
+            end.describe()
+        )),
+        (Ok(d), None) => console.say(&format!("state on {}, boot {} (first boot)", d.display(), brought.boot)),
+        (Err(_), _) => {}
+    }
     let plan = match read_plan(std::path::Path::new(paths::PLAN)) {
         Ok(p) => p,
         Err(e) => {
@@ -99,21 +132,31 @@ fn pid1(t0: Instant) -> ! {
             None
         }
     };
-    let log_dir = std::path::Path::new(paths::SERVICE_LOG_DIR);
-    let _ = std::fs::create_dir_all(log_dir);
-    let writable = nix::unistd::access(log_dir, nix::unistd::AccessFlags::W_OK).is_ok();
+    // Service logs go to this boot's directory on the state partition (kept for later boots);
+    // /var/log/nasinit points there for an operator.
+    let log_dir = brought.state.boot_dir(brought.boot).join("log");
+    let _ = std::fs::create_dir_all(&log_dir);
+    let _ = std::fs::remove_dir_all(paths::SERVICE_LOG_DIR);
+    let _ = std::os::unix::fs::symlink(&log_dir, paths::SERVICE_LOG_DIR);
+    let writable = nix::unistd::access(&log_dir, nix::unistd::AccessFlags::W_OK).is_ok();
     let config = Config {
         plan,
         run_dir: early::run_dir(),
-        log_dir: writable.then(|| log_dir.to_path_buf()),
+        log_dir: writable.then(|| log_dir.clone()),
         cgroups,
         pid1: true,
-        kernel_ms,
+        facts,
     };
+    let mut watchdog =
+        Watchdog::new(&config.plan.health.watchdog_identity, config.plan.health.watchdog_timeout_seconds, t0);
     let opts = Options { config, control_socket: PathBuf::from(paths::CONTROL_SOCKET) };
     loop {
-        match run(opts.clone(), t0, console.clone()) {
-            Ok((kind, _)) => finish::finish(kind, &console),
+        match run(opts.clone(), t0, console.clone(), watchdog.as_mut()) {
+            Ok((kind, sup)) => {
+                // Close the service logs: the state partition must unmount cleanly.
+                drop(sup);
+                finish::finish(kind, &console, Some((&brought.state, brought.boot)), watchdog.as_mut())
+            }
             Err(e) => {
                 console.say(&format!("event loop failed: {e}; retrying in 5s"));
                 std::thread::sleep(std::time::Duration::from_secs(5));
@@ -150,9 +193,10 @@ fn supervise(args: Args, t0: Instant) -> ExitCode {
     if let Some(d) = &args.log_dir {
         let _ = std::fs::create_dir_all(d);
     }
-    let config = Config { plan, run_dir: args.run_dir, log_dir: args.log_dir, cgroups, pid1: false, kernel_ms: -1 };
+    let facts = BootFacts { kernel_ms: -1, ..BootFacts::default() };
+    let config = Config { plan, run_dir: args.run_dir, log_dir: args.log_dir, cgroups, pid1: false, facts };
     let opts = Options { config, control_socket: args.control.clone() };
-    match run(opts, t0, console.clone()) {
+    match run(opts, t0, console.clone(), None) {
         Ok((kind, sup)) => {
             if let Some(c) = sup.cgroups() {
                 c.remove();

@@ -1,77 +1,38 @@
-//! nasos-health run: arms the board's hardware watchdog with the recipe's timeout and keeps it
-//! fed while the appliance is healthy; reports pool health and capacity, and NVMe drives over the
-//! recipe's temperature threshold. On SIGTERM (an orderly shutdown) it
-//! disarms the watchdog with the magic close, so poweroff is not raced by a reset.
+//! nasos-health run: reports pool health and capacity, and NVMe drives over the recipe's
+//! temperature threshold, every check interval until SIGTERM. The hardware watchdog is not
+//! here: PID 1 owns it (a health agent that dies must not reset the box; a PID 1 that hangs
+//! must).
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
-use nasos_layout::paths::BAY_DIR;
 use nasos_services::health;
 use nasos_services::signals::{Sig, Signals};
 use nasos_services::{notify_ready, plan, probe, say};
 
-nix::ioctl_readwrite!(wdioc_settimeout, b'W', 6, i32);
-
 fn main() -> ExitCode {
-    nasos_services::main("health", &["run"], |_| health())
+    nasos_services::main("health", &["run"], |_| run())
 }
 
-fn health() -> anyhow::Result<()> {
+fn run() -> anyhow::Result<()> {
     let plan = plan()?;
-    let h = &plan.health;
     let signals = Signals::take(&[Sig::SIGTERM])?;
-    let Some(dev) = health::find_watchdog(Path::new("/sys"), &h.watchdog_identity) else {
-        bail!(
-            "no watchdog device with identity \"{}\" (driver {} not loaded?)",
-            h.watchdog_identity,
-            h.watchdog_driver
-        );
-    };
-    let mut wd = File::options().write(true).open(&dev).with_context(|| format!("opening {}", dev.display()))?;
-    let mut timeout = i32::try_from(h.watchdog_timeout_seconds).unwrap_or(60);
-    // SAFETY: WDIOC_SETTIMEOUT reads and writes one int through the pointer.
-    unsafe { wdioc_settimeout(wd.as_raw_fd(), &mut timeout) }.context("setting the watchdog timeout")?;
-    say(format!("watchdog {} armed, timeout {timeout}s", dev.display()));
-    let pet_every = Duration::from_secs(u64::try_from(timeout / 3).unwrap_or(1).max(1));
-    let check_every = Duration::from_secs(u64::from(h.check_interval_seconds.max(1)));
-    wd.write_all(b"\0")?;
+    let every = Duration::from_secs(u64::from(plan.health.check_interval_seconds.max(1)));
     let mut hot = BTreeSet::new();
     check(&plan, true, &mut hot);
-    notify_ready(&format!("watchdog armed ({timeout}s)"))?;
-    let (mut next_pet, mut next_check) = (Instant::now() + pet_every, Instant::now() + check_every);
-    loop {
-        let due = next_pet.min(next_check).saturating_duration_since(Instant::now());
-        if signals.wait(due)? == Some(Sig::SIGTERM) {
-            break;
-        }
-        let now = Instant::now();
-        if now >= next_pet {
-            wd.write_all(b"\0").context("feeding the watchdog")?;
-            next_pet = now + pet_every;
-        }
-        if now >= next_check {
-            check(&plan, false, &mut hot);
-            next_check = now + check_every;
-        }
+    notify_ready(&format!("checking every {}s", every.as_secs()))?;
+    while signals.wait(every)? != Some(Sig::SIGTERM) {
+        check(&plan, false, &mut hot);
     }
-    // Magic close: an orderly stop disarms the watchdog.
-    wd.write_all(b"V")?;
-    say("watchdog disarmed for an orderly shutdown");
     Ok(())
 }
 
 /// Pool health and fullness, drive temperatures; prints a line when something is wrong or
 /// changes (and everything, at start).
 fn check(plan: &nasos_board::Plan, verbose: bool, hot: &mut BTreeSet<String>) {
-    let bays: Vec<String> = plan.bays.iter().map(|b| b.name.clone()).collect();
-    let temps = health::nvme_temperatures(Path::new("/sys"), Path::new(BAY_DIR), &bays);
+    let temps = health::nvme_temperatures(Path::new("/sys"), &plan.bays);
     if verbose {
         let read: Vec<String> = temps.iter().filter_map(|t| t.celsius.map(|c| format!("{} {c:.0}°C", t.bay))).collect();
         say(format!(

@@ -68,7 +68,8 @@ fn serve() -> anyhow::Result<()> {
     start_nfsd(&nfs)?;
     let ports: Vec<String> = nfsd::listeners().iter().map(|l| format!("{} {}", l.transport, l.port)).collect();
     say(format!("nfsd listening: {}", ports.join(", ")));
-    let off_note = if off.is_empty() { String::new() } else { format!("; not serving {} (not mounted)", off.join(", ")) };
+    let off_note =
+        if off.is_empty() { String::new() } else { format!("; not serving {} (not mounted)", off.join(", ")) };
     notify_ready(&format!("serving {} exports on {}{off_note}", nfs.exports.len() - off.len(), ports.join(", ")))?;
 
     // Wait for SIGTERM or a daemon's death, checking the listeners in between.

@@ -8,9 +8,10 @@ use std::time::Duration;
 use anyhow::Context;
 use nasos_board::plan::PoolPlan;
 use nasos_board::recipe::CreatePolicy;
+use nasos_exec::blkid;
 use nasos_layout::agents;
 use nasos_layout::paths::{BAY_DIR, NASINIT};
-use nasos_services::storage::{DiskContent, describe_blkid, importable_names, may_create};
+use nasos_services::storage::{DiskContent, importable_names, may_create};
 use nasos_services::{Tool, plan, probe, run, say};
 
 /// Creating or importing a pool of many disks can take minutes on a loaded box; longer than
@@ -236,10 +237,9 @@ fn content(bay: &str) -> DiskContent {
 
 /// What blkid finds on a device, reading only (`-p` probes the device itself, no cache).
 fn probe_blkid(dev: &str) -> Result<Option<String>, String> {
-    match Tool::new("blkid").args(["-p", "-o", "export", dev]).output() {
-        Ok(o) => Ok(Some(describe_blkid(&o.stdout).unwrap_or_else(|| "data blkid could not name".into()))),
-        // Exit status 2: nothing identifiable on the device.
-        Err(nasos_exec::Error::Failed { status, .. }) if status.code() == Some(2) => Ok(None),
+    match blkid::probe(std::path::Path::new(dev)) {
+        Ok(blkid::Content::Blank) => Ok(None),
+        Ok(found) => Ok(Some(found.describe())),
         Err(e) => Err(e.to_string()),
     }
 }
