@@ -81,6 +81,9 @@ pub struct Status {
     pub last_boot: String,
     /// The state partition: its device, or why nothing persists.
     pub state_partition: String,
+    /// Why the appliance stays up without being ready (boots in a row missed their deadline);
+    /// empty otherwise.
+    pub why_not_ready: String,
     pub services: u32,
     pub services_ready: u32,
     pub services_failed: u32,

@@ -44,6 +44,68 @@ pub struct Recipe {
     /// Field upgrades: who may sign them and how many tries a new slot gets.
     #[serde(default)]
     pub upgrade: Upgrade,
+    /// How long bring-up may take before nasinit acts: per-service start timeouts, the
+    /// boot-to-ready deadline, and how many missed deadlines in a row before the box stays up.
+    #[serde(default)]
+    pub liveness: Liveness,
+    /// Fault injection for tests; development images only.
+    #[serde(default)]
+    pub debug: DebugFaults,
+}
+
+/// Deadlines that turn a hang into a counted failed boot (what makes rollback work).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Liveness {
+    /// How long a service may take to become ready before it is stopped and counted as failed,
+    /// in seconds (its restart policy then applies).
+    #[serde(default = "default_start_timeout")]
+    #[schemars(range(min = 5, max = 86400))]
+    pub start_timeout_seconds: u32,
+    /// Per-service start timeouts, in seconds, by service name (e.g. `storage = 1800` for a box
+    /// whose pools take long to import).
+    #[serde(default)]
+    pub start_timeouts: std::collections::BTreeMap<String, u32>,
+    /// How long after nasinit starts the appliance must be ready, in seconds; a boot that misses
+    /// it is reported and rebooted.
+    #[serde(default = "default_ready_deadline")]
+    #[schemars(range(min = 30, max = 86400))]
+    pub ready_deadline_seconds: u32,
+    /// After this many boots in a row missed their deadline, the box stays up (not ready) and
+    /// says why, instead of rebooting again.
+    #[serde(default = "default_guard")]
+    #[schemars(range(min = 1, max = 20))]
+    pub failed_boots_before_staying_up: u32,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            start_timeout_seconds: default_start_timeout(),
+            start_timeouts: Default::default(),
+            ready_deadline_seconds: default_ready_deadline(),
+            failed_boots_before_staying_up: default_guard(),
+        }
+    }
+}
+
+fn default_start_timeout() -> u32 {
+    600
+}
+fn default_ready_deadline() -> u32 {
+    1800
+}
+fn default_guard() -> u32 {
+    3
+}
+
+/// Faults a development image can be built with, to test what the appliance does about them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DebugFaults {
+    /// Services whose program is replaced by one that never finishes (never becomes ready).
+    #[serde(default)]
+    pub hang_services: Vec<String>,
 }
 
 /// Identity of the image.

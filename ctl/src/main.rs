@@ -140,6 +140,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 println!("boot      {} (last boot ended: {last})", s.boot);
             }
             println!("state     {}", s.state_partition);
+            if !s.why_not_ready.is_empty() {
+                println!("NOT READY {}", s.why_not_ready);
+            }
         }
         Command::Services => {
             let list = client.services().await?;

@@ -42,6 +42,7 @@ const VIRTUAL: &[&str] = &[
 /// so a shutdown that sticks still ends in a reset.
 pub fn finish(
     kind: ShutdownKind,
+    end: Option<BootEnd>,
     console: &Console,
     record: Option<(&State, u64)>,
     mut watchdog: Option<&mut Watchdog>,
@@ -56,11 +57,11 @@ pub fn finish(
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
     reap_until_gone(Duration::from_secs(2));
     if let Some((st, boot)) = record {
-        let end = match kind {
+        let end = end.unwrap_or(match kind {
             ShutdownKind::Poweroff => BootEnd::Poweroff,
             ShutdownKind::Reboot => BootEnd::Reboot,
             ShutdownKind::Halt => BootEnd::Halt,
-        };
+        });
         crate::state::record_end(st, boot, end);
     }
     sync();

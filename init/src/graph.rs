@@ -79,6 +79,7 @@ mod tests {
             },
             stop_command: None,
             stop_timeout_ms: 1,
+            start_timeout_ms: None,
             environment: Default::default(),
             user: None,
             working_directory: None,

@@ -106,6 +106,10 @@ pub enum Action {
     Say(String),
     /// A line in the service's log.
     Log(usize, String),
+    /// Every service is ready (the first time this boot).
+    BecameReady,
+    /// The appliance was not ready by its boot deadline (once per boot).
+    MissedReadyDeadline,
 }
 
 #[derive(Debug, Clone)]
@@ -131,6 +135,10 @@ pub struct Svc {
     pub detail: String,
     pub deadline: Option<Instant>,
     pub stop_phase: Option<StopPhase>,
+    /// When it must be ready by, while it starts.
+    pub start_deadline: Option<Instant>,
+    /// Why it is being stopped as a failure (it did not become ready in time).
+    failing: Option<String>,
 }
 
 pub struct Core {
@@ -141,6 +149,9 @@ pub struct Core {
     announced_degraded: bool,
     pub shutdown: Option<ShutdownKind>,
     pub plan_error: Option<String>,
+    /// When the appliance must be ready by; `None`: no deadline.
+    pub ready_deadline: Option<Instant>,
+    deadline_missed: bool,
     out: Vec<Action>,
 }
 
@@ -172,6 +183,8 @@ impl Core {
                 detail: String::new(),
                 deadline: None,
                 stop_phase: None,
+                start_deadline: None,
+                failing: None,
                 spec,
             })
             .collect();
@@ -179,7 +192,18 @@ impl Core {
         if let Some(e) = &plan_error {
             out.push(Action::Say(format!("the plan's service graph is unusable, starting nothing: {e}")));
         }
-        Core { services, by_name, t0, ready_at: None, announced_degraded: false, shutdown: None, plan_error, out }
+        Core {
+            services,
+            by_name,
+            t0,
+            ready_at: None,
+            announced_degraded: false,
+            shutdown: None,
+            plan_error,
+            ready_deadline: None,
+            deadline_missed: false,
+            out,
+        }
     }
 
     /// The actions queued by the inputs so far, oldest first.
@@ -200,7 +224,10 @@ impl Core {
 
     /// The earliest instant at which something is due, if anything is.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.services.iter().filter_map(|s| s.deadline).min()
+        let ready = self.ready_deadline.filter(|_| self.ready_at.is_none() && !self.deadline_missed);
+        // Start timeouts do not act during a shutdown (see `deadline`), so they are not due then.
+        let starting = |s: &Svc| s.start_deadline.filter(|_| self.shutdown.is_none());
+        self.services.iter().flat_map(|s| [s.deadline, starting(s)]).flatten().chain(ready).min()
     }
 
     /// The shutdown kind once every service has stopped; `None` while some still run.
@@ -216,6 +243,9 @@ impl Core {
         s.detail = detail.into();
         if !state.is_ready() {
             s.ready_since = None;
+        }
+        if state != State::Starting {
+            s.start_deadline = None;
         }
     }
 
@@ -270,6 +300,20 @@ impl Core {
             }
             _ => self.set_state(i, State::Starting, "waiting for readiness", now),
         }
+        if self.services[i].state == State::Starting {
+            self.services[i].start_deadline =
+                self.services[i].spec.start_timeout_ms.map(|ms| now + Duration::from_millis(ms));
+        }
+        self.settle(now);
+    }
+
+    /// A start the core asked for was not carried out because a shutdown began meanwhile (in the
+    /// same batch of actions): the service is simply stopped.
+    pub fn start_cancelled(&mut self, i: usize, now: Instant) {
+        // The shutdown may already have begun to stop it (its stop command queued): it never
+        // ran, so the stop is finished here, helper and all.
+        self.finish_stop(i, now);
+        self.services[i].detail = "not started: shutting down".into();
         self.settle(now);
     }
 
@@ -299,6 +343,7 @@ impl Core {
         {
             self.ready_at = Some(now);
             self.out.push(Action::Say(format!("ready in {:.2}s", now.duration_since(self.t0).as_secs_f64())));
+            self.out.push(Action::BecameReady);
         }
         if !self.announced_degraded
             && let Some(f) = self.services.iter().find(|s| s.state == State::Failed)
@@ -463,6 +508,24 @@ impl Core {
 
     /// Handles every deadline that has passed.
     pub fn deadline(&mut self, now: Instant) {
+        if let Some(at) = self.ready_deadline
+            && now >= at
+            && self.ready_at.is_none()
+            && !self.deadline_missed
+            && self.shutdown.is_none()
+        {
+            self.deadline_missed = true;
+            self.out.push(Action::MissedReadyDeadline);
+        }
+        for i in 0..self.services.len() {
+            // In a shutdown, stopping follows the reverse order instead.
+            if self.shutdown.is_none()
+                && self.services[i].state == State::Starting
+                && self.services[i].start_deadline.is_some_and(|d| d <= now)
+            {
+                self.start_timed_out(i, now);
+            }
+        }
         for i in 0..self.services.len() {
             if self.services[i].deadline.is_none_or(|d| d > now) {
                 continue;
@@ -506,6 +569,22 @@ impl Core {
             }
         }
         self.settle(now);
+    }
+
+    /// A service that did not become ready in time is stopped (without its stop command: it never
+    /// got going) and then counts as a failure for its restart policy.
+    fn start_timed_out(&mut self, i: usize, now: Instant) {
+        let secs = self.services[i].spec.start_timeout_ms.unwrap_or(0) / 1000;
+        let why = format!("did not become ready within {secs}s");
+        let name = self.services[i].spec.name.clone();
+        self.out.push(Action::Log(i, format!("nasinit: {why}; stopping it")));
+        self.out.push(Action::Say(format!("{name}: {why}; stopping it (counted as a failure)")));
+        self.services[i].failing = Some(why);
+        if self.services[i].helper.take().is_some() {
+            self.out.push(Action::KillHelper(i));
+        }
+        self.set_state(i, State::Stopping, "", now);
+        self.terminate(i, now);
     }
 
     /// Begins stopping a service: its stop command first (if any), then SIGTERM, then SIGKILL.
@@ -552,6 +631,10 @@ impl Core {
         }
         self.services[i].stop_phase = None;
         self.services[i].deadline = None;
+        if let Some(why) = self.services[i].failing.take() {
+            self.services[i].last_exit = why;
+            return self.after_exit(i, false, now);
+        }
         if self.services[i].restart_requested && self.shutdown.is_none() {
             self.services[i].restart_requested = false;
             self.services[i].failures_in_row = 0;

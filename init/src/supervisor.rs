@@ -84,12 +84,17 @@ pub struct Supervisor {
     console: Console,
     events: mpsc::Sender<Event>,
     frozen: bool,
+    end: Option<nasos_layout::state::BootEnd>,
 }
 
 impl Supervisor {
     pub fn new(config: Config, t0: Instant, console: Console, events: mpsc::Sender<Event>) -> Self {
         let Config { plan, run_dir, log_dir, cgroups, pid1, facts } = config;
-        let core = Core::new(plan.services.clone(), t0);
+        let mut core = Core::new(plan.services.clone(), t0);
+        let deadline = plan.liveness.ready_deadline_seconds;
+        if deadline > 0 {
+            core.ready_deadline = Some(t0 + std::time::Duration::from_secs(u64::from(deadline)));
+        }
         let handles = core
             .services
             .iter()
@@ -119,6 +124,7 @@ impl Supervisor {
             console,
             events,
             frozen: false,
+            end: None,
         };
         sup.perform();
         sup
@@ -140,6 +146,7 @@ impl Supervisor {
     fn act(&mut self, action: Action) {
         let now = Instant::now();
         match action {
+            Action::Start(i) if self.core.shutdown.is_some() => self.core.start_cancelled(i, now),
             Action::Start(i) => match self.spawn(i) {
                 Ok(()) => self.core.started(i, now),
                 Err(e) => self.core.start_failed(i, &e.to_string(), now),
@@ -166,6 +173,12 @@ impl Supervisor {
             Action::Abandon(i) => self.handles[i].pid = None,
             Action::Say(line) => self.console.say(&line),
             Action::Log(i, line) => self.handles[i].log.push(&line),
+            Action::BecameReady => {
+                if let Some(st) = self.state() {
+                    let _ = std::fs::remove_file(st.path(nasos_layout::state::FAILED_BOOTS));
+                }
+            }
+            Action::MissedReadyDeadline => self.missed_deadline(now),
         }
     }
 
@@ -343,6 +356,58 @@ impl Supervisor {
     pub fn begin_shutdown(&mut self, kind: ShutdownKind) {
         self.core.begin_shutdown(kind, Instant::now());
         self.perform();
+    }
+
+    fn state(&self) -> Option<nasos_layout::state::State> {
+        self.facts.state_root.as_ref().map(nasos_layout::state::State::at)
+    }
+
+    /// The appliance was not ready by its deadline: say what it waits for, count the failed boot,
+    /// and reboot, unless that many boots in a row already missed it; then stay up and say why.
+    fn missed_deadline(&mut self, now: Instant) {
+        let secs = self.plan.liveness.ready_deadline_seconds;
+        let waiting: Vec<String> = self
+            .core
+            .services
+            .iter()
+            .filter(|s| !s.state.is_ready() && s.wanted)
+            .map(|s| {
+                if s.detail.is_empty() {
+                    format!("{} ({})", s.spec.name, s.state.name())
+                } else {
+                    format!("{} ({}: {})", s.spec.name, s.state.name(), s.detail)
+                }
+            })
+            .collect();
+        self.console.say(&format!("missed the boot deadline ({secs}s); not ready: {}", waiting.join(", ")));
+        let guard = self.plan.liveness.failed_boots_before_staying_up.max(1);
+        let counter = self.state().map(|st| {
+            let path = st.path(nasos_layout::state::FAILED_BOOTS);
+            let n = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0) + 1;
+            let _ = crate::state::write_atomic(&path, format!("{n}\n").as_bytes());
+            n
+        });
+        match counter {
+            Some(n) if n >= guard => {
+                let why = format!(
+                    "{n} boots in a row missed their {secs}s deadline; staying up instead of rebooting again. Not ready: {}. See nasctl services and nasctl logs; nasctl reboot tries again",
+                    waiting.join(", ")
+                );
+                self.console.say(&why);
+                self.facts.why_not_ready = why;
+            }
+            n => {
+                let count = n.map(|n| format!(" ({n} of {guard} in a row)")).unwrap_or_default();
+                self.console.say(&format!("rebooting{count}: a boot that misses its deadline counts as failed"));
+                self.end = Some(nasos_layout::state::BootEnd::Deadline);
+                self.core.begin_shutdown(ShutdownKind::Reboot, now);
+            }
+        }
+    }
+
+    /// How this boot ends when it is not what the shutdown kind says (a missed deadline).
+    pub fn end(&self) -> Option<nasos_layout::state::BootEnd> {
+        self.end
     }
 
     /// The watchdog says it reset the machine: the previous boot, which left no record of a

@@ -26,6 +26,10 @@ pub struct BootFacts {
     pub state_partition: String,
     /// The state partition's mount and the previous boot's number, to settle its record.
     pub previous: Option<(std::path::PathBuf, u64)>,
+    /// The state directory (failed-boot counter); `None` without one.
+    pub state_root: Option<std::path::PathBuf>,
+    /// Why the appliance stays up not ready (the reboot-loop guard stopped rebooting).
+    pub why_not_ready: String,
 }
 
 /// Milliseconds since nasinit started; -1 for "not yet".
@@ -56,6 +60,7 @@ pub fn status(core: &Core, b: &Box<'_>, orphans_reaped: u64) -> Status {
         boot: b.facts.boot,
         last_boot: b.facts.last_boot.clone(),
         state_partition: b.facts.state_partition.clone(),
+        why_not_ready: b.facts.why_not_ready.clone(),
         services: core.services.len() as u32,
         services_ready: core.services.iter().filter(|s| s.state.is_ready()).count() as u32,
         services_failed: failed,

@@ -20,6 +20,7 @@ struct Svc {
     start_limit: u32,
     stop_command: bool,
     stop_timeout_ms: u64,
+    start_timeout_ms: Option<u64>,
     /// Ignores SIGTERM.
     stubborn: bool,
     /// Survives SIGKILL (a process stuck in D state).
@@ -47,7 +48,7 @@ fn svc(n: usize) -> impl Strategy<Value = Svc> {
         prop_oneof![Just(0u64), Just(100), Just(1000)],
         1u32..5,
         any::<bool>(),
-        100u64..3000,
+        (100u64..3000, proptest::option::of(500u64..8000)),
         any::<bool>(),
         proptest::bool::weighted(0.1),
     )
@@ -59,7 +60,7 @@ fn svc(n: usize) -> impl Strategy<Value = Svc> {
                 backoff_ms,
                 start_limit,
                 stop_command,
-                stop_timeout_ms,
+                (stop_timeout_ms, start_timeout_ms),
                 stubborn,
                 unkillable,
             )| {
@@ -71,6 +72,7 @@ fn svc(n: usize) -> impl Strategy<Value = Svc> {
                     start_limit,
                     stop_command,
                     stop_timeout_ms,
+                    start_timeout_ms,
                     stubborn,
                     unkillable,
                 }
@@ -123,6 +125,7 @@ fn plan(svcs: &[Svc]) -> Vec<Service> {
                 },
                 stop_command: s.stop_command.then(|| vec!["/bin/stop".into()]),
                 stop_timeout_ms: s.stop_timeout_ms,
+                start_timeout_ms: s.start_timeout_ms,
                 environment: BTreeMap::new(),
                 user: None,
                 working_directory: None,
@@ -163,8 +166,9 @@ impl World {
             }
             for a in actions {
                 match a {
+                    // A shutdown begun within this batch (a missed deadline): the start is called off.
+                    Action::Start(i) if self.core.shutdown.is_some() => self.core.start_cancelled(i, self.now),
                     Action::Start(i) => {
-                        prop_assert!(self.core.shutdown.is_none(), "s{i} started during a shutdown");
                         prop_assert!(self.deps_ready(i), "s{i} started before its dependencies were ready");
                         prop_assert!(!self.procs[i].main, "s{i} started twice");
                         if self.spawn_fails.next().unwrap_or(false) {
@@ -191,7 +195,12 @@ impl World {
                         }
                     }
                     Action::Abandon(i) => self.procs[i] = Proc { helper: self.procs[i].helper, ..Proc::default() },
-                    Action::Say(_) | Action::Log(..) => {}
+                    Action::Say(_) | Action::Log(..) | Action::BecameReady => {}
+                    // What the effects layer does under the guard's count: reboot.
+                    Action::MissedReadyDeadline => {
+                        prop_assert!(self.core.ready_at.is_none(), "a deadline missed by a ready appliance");
+                        self.core.begin_shutdown(ShutdownKind::Reboot, self.now);
+                    }
                 }
             }
         }
@@ -287,13 +296,10 @@ fn world(svcs: Vec<Svc>, spawn_fails: Vec<bool>) -> World {
     let n = svcs.len();
     let mut fails = spawn_fails;
     fails.push(false);
-    World {
-        core: Core::new(plan(&svcs), t0),
-        svcs,
-        procs: vec![Proc::default(); n],
-        now: t0,
-        spawn_fails: fails.into_iter().cycle(),
-    }
+    let mut core = Core::new(plan(&svcs), t0);
+    // A boot deadline some graphs miss and some meet.
+    core.ready_deadline = Some(t0 + Duration::from_secs(20));
+    World { core, svcs, procs: vec![Proc::default(); n], now: t0, spawn_fails: fails.into_iter().cycle() }
 }
 
 fn services_and_ops() -> impl Strategy<Value = (Vec<Svc>, Vec<Op>, Vec<bool>)> {
@@ -355,6 +361,7 @@ fn a_crash_loop_does_not_starve_the_others() {
         start_limit: 4,
         stop_command: false,
         stop_timeout_ms: 1000,
+        start_timeout_ms: None,
         stubborn: false,
         unkillable: false,
     };
@@ -369,4 +376,80 @@ fn a_crash_loop_does_not_starve_the_others() {
     w.step(&Op::Ready(1));
     w.drain().expect("invariants");
     assert_eq!(w.core.services[1].state, State::Running);
+}
+
+/// A service that never becomes ready is stopped when its start timeout passes and counts as a
+/// failure: its restart policy restarts it (after backoff), and the start limit ends it.
+#[test]
+fn a_start_that_never_finishes_times_out_and_counts_as_a_failure() {
+    let hang = Svc {
+        after: vec![],
+        // A oneshot that never exits.
+        readiness: 1,
+        restart: 1,
+        backoff_ms: 100,
+        start_limit: 2,
+        stop_command: true,
+        stop_timeout_ms: 1000,
+        start_timeout_ms: Some(5000),
+        stubborn: false,
+        unkillable: false,
+    };
+    let mut w = world(vec![hang], vec![]);
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    assert_eq!(w.core.services[0].state, State::Starting);
+    w.advance(5001);
+    let actions = w.core.take_actions();
+    assert!(actions.contains(&Action::Terminate(0)), "{actions:?}");
+    assert!(!actions.contains(&Action::StartHelper(0, Helper::Stop)), "a start that timed out skips the stop command");
+    assert_eq!(w.core.services[0].state, State::Stopping);
+    w.procs[0].main_dying = true;
+    w.reap();
+    w.drain().expect("invariants");
+    assert_eq!(w.core.services[0].state, State::Backoff);
+    assert_eq!(w.core.services[0].last_exit, "did not become ready within 5s");
+    w.advance(200);
+    w.drain().expect("invariants");
+    assert_eq!(w.core.services[0].state, State::Starting, "restarted after backoff");
+    w.advance(5001);
+    w.drain().expect("invariants");
+    w.reap();
+    w.drain().expect("invariants");
+    assert_eq!(w.core.services[0].state, State::Failed, "{}", w.core.services[0].detail);
+    assert!(w.core.services[0].detail.starts_with("start limit"), "{}", w.core.services[0].detail);
+}
+
+/// The boot deadline passes once, and only while the appliance is not ready.
+#[test]
+fn the_boot_deadline_is_missed_once() {
+    let svc = Svc {
+        after: vec![],
+        readiness: 2,
+        restart: 0,
+        backoff_ms: 100,
+        start_limit: 3,
+        stop_command: false,
+        stop_timeout_ms: 1000,
+        start_timeout_ms: None,
+        stubborn: false,
+        unkillable: false,
+    };
+    let mut w = world(vec![svc.clone()], vec![]);
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    w.advance(19_000);
+    assert!(!w.core.take_actions().contains(&Action::MissedReadyDeadline));
+    w.advance(1_500);
+    assert_eq!(w.core.take_actions().iter().filter(|a| **a == Action::MissedReadyDeadline).count(), 1);
+    w.advance(5_000);
+    assert!(!w.core.take_actions().contains(&Action::MissedReadyDeadline), "said once");
+    // A box that became ready in time misses nothing.
+    let mut w = world(vec![svc], vec![]);
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    w.step(&Op::Ready(0));
+    assert!(w.core.take_actions().contains(&Action::BecameReady));
+    w.advance(30_000);
+    assert!(!w.core.take_actions().contains(&Action::MissedReadyDeadline));
 }

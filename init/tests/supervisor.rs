@@ -308,3 +308,65 @@ fn services_flooding_their_output_do_not_starve_control_or_shutdown() {
     assert_eq!(n.poweroff(), Some(0));
     assert!(t.elapsed() < Duration::from_secs(10), "poweroff took {:?} under flooding output", t.elapsed());
 }
+
+/// A boot that is not ready by its deadline is reported and rebooted; after the guard's count
+/// of such boots in a row, nasinit stays up, not ready, and says why.
+#[test]
+fn a_missed_boot_deadline_reboots_until_the_guard_stops_it() {
+    let dir = std::env::temp_dir().join(format!("nasinit-test-deadline-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Outside nasinit's test directory, which goes with each run.
+    let state = std::env::temp_dir().join(format!("nasinit-test-deadline-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::create_dir_all(&state).expect("state dir");
+    let plan = || {
+        let mut hang = sh("storage", "exec sleep 1000");
+        hang.readiness = Readiness::Notify;
+        let mut plan = nasos_board::Plan::empty("test");
+        plan.services = vec![sh("console", "exec sleep 1000"), hang];
+        plan.liveness.ready_deadline_seconds = 2;
+        plan.liveness.failed_boots_before_staying_up = 2;
+        plan
+    };
+    let state_arg = state.display().to_string();
+    // First boot: misses its deadline, says what it waits for, reboots (the supervisor exits).
+    let n = Nasinit::start_plan(dir.clone(), plan(), &["--state", &state_arg]);
+    let console = {
+        let deadline = Instant::now() + T;
+        loop {
+            let c = n.console();
+            if c.contains("reboot complete") || Instant::now() > deadline {
+                break c;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert!(console.contains("missed the boot deadline (2s); not ready: storage (starting"), "{console}");
+    assert!(console.contains("rebooting (1 of 2 in a row)"), "{console}");
+    assert_eq!(n.wait_exit(T), Some(0));
+    assert_eq!(std::fs::read_to_string(state.join("failed-boots")).ok().as_deref(), Some("1\n"), "the count is kept");
+    // Second boot in a row: it stays up, not ready, and nasctl status says why.
+    let n = Nasinit::start_plan(dir.clone(), plan(), &["--state", &state_arg]);
+    let deadline = Instant::now() + T;
+    let st = loop {
+        let st = n.rt.block_on(n.client.status()).unwrap_or_else(|e| panic!("status: {e}\n{}", n.console()));
+        if !st.why_not_ready.is_empty() || Instant::now() > deadline {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.why_not_ready.starts_with("2 boots in a row missed their 2s deadline; staying up"), "{st:?}");
+    assert_eq!(st.state, "starting");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!n.console().contains("reboot complete"), "{}", n.console());
+    assert_eq!(n.poweroff(), Some(0));
+    // A boot that becomes ready clears the count.
+    let mut ok = plan();
+    ok.services[1].readiness = Readiness::Started;
+    let n = Nasinit::start_plan(dir.clone(), ok, &["--state", &state_arg]);
+    n.wait_for("storage", T, |s| s.state == "running");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!state.join("failed-boots").exists(), "the count was not cleared by a ready boot");
+    assert_eq!(n.poweroff(), Some(0));
+    let _ = std::fs::remove_dir_all(&state);
+}

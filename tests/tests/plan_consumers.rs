@@ -107,6 +107,13 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("services[].restart.start_limit_window_ms", "init/src/machine.rs", "policy.start_limit_window_ms"),
     ("services[].stop_command", "init/src/supervisor.rs", "spec.stop_command"),
     ("services[].stop_timeout_ms", "init/src/machine.rs", "spec.stop_timeout_ms"),
+    ("services[].start_timeout_ms", "init/src/machine.rs", "spec.start_timeout_ms"),
+    ("liveness.ready_deadline_seconds", "init/src/supervisor.rs", "plan.liveness.ready_deadline_seconds"),
+    (
+        "liveness.failed_boots_before_staying_up",
+        "init/src/supervisor.rs",
+        "plan.liveness.failed_boots_before_staying_up",
+    ),
     ("services[].environment.*", "init/src/supervisor.rs", "spec.environment"),
     ("services[].user", "init/src/supervisor.rs", "spec.user"),
     ("services[].working_directory", "init/src/supervisor.rs", "spec.working_directory"),

@@ -135,6 +135,13 @@ impl fmt::Display for Plan {
         )?;
         writeln!(f, "\nupgrade")?;
         writeln!(f, "  {} boot tries before the previous slot boots again", self.upgrade.boot_tries)?;
+        let l = &self.liveness;
+        writeln!(f, "\nliveness")?;
+        writeln!(
+            f,
+            "  the appliance must be ready within {}s of nasinit's start, or it reboots; after {} such boots in a row it stays up and says why",
+            l.ready_deadline_seconds, l.failed_boots_before_staying_up
+        )?;
         writeln!(f, "\nservices")?;
         for s in &self.services {
             let after = if s.after.is_empty() { String::new() } else { format!(" after {}", s.after.join(", ")) };
@@ -152,6 +159,9 @@ impl fmt::Display for Plan {
                 s.command.join(" "),
                 word(&s.restart.when)
             )?;
+            if let Some(ms) = s.start_timeout_ms {
+                writeln!(f, "           ready within {}s of its start, or stopped as failed", ms / 1000)?;
+            }
             if let Some(stop) = &s.stop_command {
                 writeln!(f, "           on stop: {}", stop.join(" "))?;
             }

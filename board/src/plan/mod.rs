@@ -15,6 +15,7 @@ mod resolve;
 mod services;
 
 pub use resolve::resolve;
+pub use services::SERVICE_NAMES;
 
 /// Bumped whenever the plan's JSON changes incompatibly.
 pub const PLAN_VERSION: u32 = 1;
@@ -60,6 +61,7 @@ pub struct Plan {
     pub nfs: Option<NfsPlan>,
     pub health: HealthPlan,
     pub upgrade: UpgradePlan,
+    pub liveness: LivenessPlan,
     /// The service graph nasinit supervises, in a valid start order.
     pub services: Vec<Service>,
 }
@@ -266,6 +268,7 @@ impl Plan {
                 check_interval_seconds: 10,
             },
             upgrade: UpgradePlan { boot_tries: 3 },
+            liveness: LivenessPlan { ready_deadline_seconds: 0, failed_boots_before_staying_up: 3 },
             services: Vec::new(),
         }
     }
@@ -307,6 +310,15 @@ pub struct UpgradePlan {
 }
 
 /// One supervised service.
+/// The appliance's boot deadline and its reboot-loop guard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LivenessPlan {
+    /// Seconds after nasinit starts by which the appliance must be ready; 0: no deadline.
+    pub ready_deadline_seconds: u32,
+    /// Missed deadlines in a row after which the box stays up instead of rebooting.
+    pub failed_boots_before_staying_up: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Service {
     pub name: String,
@@ -320,6 +332,10 @@ pub struct Service {
     pub stop_command: Option<Vec<String>>,
     /// How long the service gets to stop before its cgroup is killed.
     pub stop_timeout_ms: u64,
+    /// How long it may take to become ready before it is stopped and counted as failed; none for
+    /// services that are ready when started.
+    #[serde(default)]
+    pub start_timeout_ms: Option<u64>,
     #[serde(default)]
     pub environment: BTreeMap<String, String>,
     /// Run as this user (and its primary group); root when absent.

@@ -6,7 +6,7 @@ use crate::recipe::{Access, Recipe};
 use crate::units::parse_size;
 use nasos_layout::paths::EXPORT_ROOT;
 
-use super::services::{console_service, services};
+use super::services::{apply_liveness, console_service, services};
 
 /// Resolves a validated recipe on its board into a plan.
 ///
@@ -237,6 +237,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
 
     let console = console_service(r.console.root_login, &b.console.device, b.console.baud);
     let mut services = services(r.fabric.is_some() || !r.network.links.is_empty(), uses_zfs, r.nfs.is_some());
+    apply_liveness(&mut services, &r.liveness, &r.debug.hang_services);
     services.splice(0..0, console);
 
     Plan {
@@ -269,6 +270,10 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         nfs,
         health,
         upgrade: UpgradePlan { boot_tries: r.upgrade.boot_tries },
+        liveness: LivenessPlan {
+            ready_deadline_seconds: r.liveness.ready_deadline_seconds,
+            failed_boots_before_staying_up: r.liveness.failed_boots_before_staying_up,
+        },
         services,
     }
 }

@@ -1,6 +1,7 @@
 //! The service graph of a plan: the console, then modules → fabric, storage → nfs → health → bless.
 
 use super::*;
+use crate::recipe::Liveness;
 use nasos_layout::agents;
 use nasos_layout::paths::NASINIT;
 
@@ -30,6 +31,7 @@ pub(super) fn console_service(login: RootLogin, device: &str, baud: u32) -> Opti
         },
         stop_command: None,
         stop_timeout_ms: 5_000,
+        start_timeout_ms: None,
         environment: BTreeMap::new(),
         user: None,
         working_directory: None,
@@ -37,6 +39,24 @@ pub(super) fn console_service(login: RootLogin, device: &str, baud: u32) -> Opti
 }
 
 /// The service graph. Order matters: it is a valid start order, and shutdown runs it backwards.
+/// Every service name a plan may have, for recipe settings that name services.
+pub const SERVICE_NAMES: &[&str] = &["console", "udev", "modules", "fabric", "storage", "nfs", "health", "bless"];
+
+/// Gives each service that is not ready at once its start timeout (the recipe's, or its
+/// override), and swaps in a program that never finishes for services a development recipe
+/// wants hung.
+pub(super) fn apply_liveness(services: &mut [Service], liveness: &Liveness, hang: &[String]) {
+    for s in services {
+        if s.readiness != Readiness::Started {
+            let secs = liveness.start_timeouts.get(&s.name).copied().unwrap_or(liveness.start_timeout_seconds);
+            s.start_timeout_ms = Some(u64::from(secs) * 1000);
+        }
+        if hang.contains(&s.name) {
+            s.command = vec![NASINIT.to_string(), agents::NASINIT_DEBUG_HANG.to_string()];
+        }
+    }
+}
+
 pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
     let oneshot = RestartPolicy {
         when: Restart::OnFailure,
@@ -58,6 +78,7 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
             restart: restart.clone(),
             stop_command,
             stop_timeout_ms: 30_000,
+            start_timeout_ms: None,
             environment: BTreeMap::new(),
             user: None,
             working_directory: None,

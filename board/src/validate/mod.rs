@@ -94,5 +94,6 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     pools(&mut c, r, board);
     datasets(&mut c, r);
     nfs(&mut c, r);
+    liveness(&mut c, r);
     c.out
 }

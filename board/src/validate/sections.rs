@@ -458,3 +458,32 @@ pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
         }
     }
 }
+
+pub(super) fn liveness(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let names = crate::plan::SERVICE_NAMES;
+    let p = Path::root().key("liveness").key("start_timeouts");
+    for (name, secs) in &r.liveness.start_timeouts {
+        if !names.contains(&name.as_str()) {
+            c.unknown(&p.key(name), "service", name, names, "the service graph");
+        } else if *secs < 5 {
+            c.error(
+                &p.key(name),
+                format!("a start timeout of {secs}s for `{name}` is too short"),
+                "give it at least 5 seconds".to_string(),
+            );
+        }
+    }
+    let p = Path::root().key("debug").key("hang_services");
+    for (i, name) in r.debug.hang_services.iter().enumerate() {
+        if !names.contains(&name.as_str()) {
+            c.unknown(&p.index(i), "service", name, names, "the service graph");
+        }
+    }
+    if !r.debug.hang_services.is_empty() && !r.image.development {
+        c.error(
+            &p,
+            "hanging services on purpose is a fault injection for development images only",
+            "remove [debug] hang_services, or set development = true in [image]".to_string(),
+        );
+    }
+}

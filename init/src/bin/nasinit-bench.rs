@@ -58,6 +58,7 @@ fn service(name: &str, command: Vec<String>, when: Restart) -> Service {
         },
         stop_command: None,
         stop_timeout_ms: 2000,
+        start_timeout_ms: None,
         environment: Default::default(),
         user: None,
         working_directory: None,

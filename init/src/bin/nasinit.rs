@@ -35,6 +35,9 @@ struct Args {
     /// Do not put services in cgroups (they can then escape a stop by calling setsid).
     #[arg(long)]
     no_cgroups: bool,
+    /// A state directory (tests: the failed-boot counter of the boot deadline's guard).
+    #[arg(long)]
+    state: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -48,6 +51,10 @@ enum Command {
     /// Link /dev/disk/by-bay again (after a pool was created and its disks partitioned).
     #[command(name = agents::NASINIT_LINK_BAYS)]
     LinkBays,
+    /// Never finish (what a development recipe's `[debug] hang_services` runs instead of a
+    /// service, to test start timeouts and the boot deadline).
+    #[command(name = agents::NASINIT_DEBUG_HANG)]
+    DebugHang,
 }
 
 fn main() -> ExitCode {
@@ -58,6 +65,12 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         Some(Command::LoadModules) => load_modules(&args.plan),
+        Some(Command::DebugHang) => {
+            println!("debug: hanging on purpose (a development recipe's [debug] hang_services)");
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
         Some(Command::LinkBays) => match read_plan(&args.plan) {
             Ok(plan) => {
                 let linked = early::link_bays(&plan.bays, &Console::new(false));
@@ -101,6 +114,8 @@ fn pid1(t0: Instant) -> ! {
             Ok(d) => d.display().to_string(),
             Err(why) => format!("none: {why}"),
         },
+        state_root: brought.device.is_ok().then(|| brought.state.root.clone()),
+        why_not_ready: String::new(),
         previous: brought
             .device
             .is_ok()
@@ -153,9 +168,10 @@ fn pid1(t0: Instant) -> ! {
     loop {
         match run(opts.clone(), t0, console.clone(), watchdog.as_mut()) {
             Ok((kind, sup)) => {
+                let end = sup.end();
                 // Close the service logs: the state partition must unmount cleanly.
                 drop(sup);
-                finish::finish(kind, &console, Some((&brought.state, brought.boot)), watchdog.as_mut())
+                finish::finish(kind, end, &console, Some((&brought.state, brought.boot)), watchdog.as_mut())
             }
             Err(e) => {
                 console.say(&format!("event loop failed: {e}; retrying in 5s"));
@@ -193,7 +209,7 @@ fn supervise(args: Args, t0: Instant) -> ExitCode {
     if let Some(d) = &args.log_dir {
         let _ = std::fs::create_dir_all(d);
     }
-    let facts = BootFacts { kernel_ms: -1, ..BootFacts::default() };
+    let facts = BootFacts { kernel_ms: -1, state_root: args.state.clone(), ..BootFacts::default() };
     let config = Config { plan, run_dir: args.run_dir, log_dir: args.log_dir, cgroups, pid1: false, facts };
     let opts = Options { config, control_socket: args.control.clone() };
     match run(opts, t0, console.clone(), None) {

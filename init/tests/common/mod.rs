@@ -34,6 +34,7 @@ pub fn sh(name: &str, script: &str) -> Service {
         },
         stop_command: None,
         stop_timeout_ms: 3000,
+        start_timeout_ms: None,
         environment: BTreeMap::new(),
         user: None,
         working_directory: None,
@@ -49,9 +50,15 @@ impl Nasinit {
     pub fn start(tag: &str, services: Vec<Service>) -> Nasinit {
         let dir = std::env::temp_dir().join(format!("nasinit-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("test dir");
         let mut plan = Plan::empty("test");
         plan.services = services;
+        Nasinit::start_plan(dir, plan, &[])
+    }
+
+    /// Starts nasinit on a whole plan in `dir` (kept if it exists: a state directory in it
+    /// survives from one run to the next), with extra arguments.
+    pub fn start_plan(dir: PathBuf, plan: Plan, extra: &[&str]) -> Nasinit {
+        std::fs::create_dir_all(&dir).expect("test dir");
         std::fs::write(dir.join("plan.json"), serde_json::to_string(&plan).expect("plan json")).expect("write plan");
         let out = std::fs::File::create(dir.join("console.log")).expect("console log");
         let child = Command::new(env!("CARGO_BIN_EXE_nasinit"))
@@ -63,6 +70,7 @@ impl Nasinit {
             .arg(dir.join("run"))
             .arg("--log-dir")
             .arg(dir.join("log"))
+            .args(extra)
             .current_dir(&dir)
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("dup"))
@@ -113,6 +121,18 @@ impl Nasinit {
 
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.join(rel)
+    }
+
+    /// Waits for nasinit to exit by itself; returns its exit status code.
+    pub fn wait_exit(mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "nasinit did not exit:\n{}", self.console());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Requests poweroff and waits for nasinit to exit; returns its exit status code.
