@@ -12,6 +12,9 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+/// Where tools are looked up when the caller has no PATH (the kernel starts PID 1 without one).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// How long a tool may run unless the caller says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Lines of stderr an error carries.
@@ -104,6 +107,10 @@ impl Tool {
     pub fn output(&self) -> Result<Output, Error> {
         let command = self.command_line();
         let mut cmd = Command::new(&self.program);
+        if std::env::var_os("PATH").is_none() {
+            // Also what the program is looked up in.
+            cmd.env("PATH", DEFAULT_PATH);
+        }
         cmd.args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -221,6 +228,28 @@ mod tests {
     fn a_missing_program_says_so() {
         let e = run("/nonexistent/tool", &["x"]).expect_err("missing");
         assert!(e.to_string().starts_with("cannot run `/nonexistent/tool x`"), "{e}");
+    }
+
+    #[test]
+    fn a_caller_without_path_still_finds_tools() {
+        // As PID 1 is started: no environment at all.
+        let out = Command::new(std::env::current_exe().expect("self"))
+            .args(["--exact", "tests::finds_sbin_tools_from_an_empty_environment", "--nocapture"])
+            .env_clear()
+            .env("NASOS_EXEC_CHILD", "1")
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    #[test]
+    fn finds_sbin_tools_from_an_empty_environment() {
+        if std::env::var_os("NASOS_EXEC_CHILD").is_none() {
+            return;
+        }
+        assert_eq!(std::env::var_os("PATH"), None);
+        // In /usr/sbin, which the C library's fallback search path (/bin:/usr/bin) leaves out.
+        assert!(run("blkid", &["-V"]).expect("blkid is found").contains("blkid"));
     }
 
     #[test]
