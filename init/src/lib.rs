@@ -9,6 +9,7 @@ pub mod console;
 pub mod control;
 pub mod early;
 pub mod finish;
+pub mod firstboot;
 pub mod graph;
 pub mod logs;
 pub mod machine;

@@ -55,6 +55,9 @@ pub const UPGRADE: Agent = Agent { binary: "nasos-upgrade", path: "/usr/lib/naso
 /// `modules` service), link /dev/disk/by-bay again (storage, after partitioning a new pool).
 pub const NASINIT_LOAD_MODULES: &str = "load-modules";
 pub const NASINIT_LINK_BAYS: &str = "link-bays";
+/// The console service's first step on a box whose recipe has no password: ask for root's on
+/// the first boot, keep it, then exec the getty.
+pub const NASINIT_CONSOLE: &str = "console";
 /// A program that never finishes: what a development recipe's `[debug] hang_services` runs.
 pub const NASINIT_DEBUG_HANG: &str = "debug-hang";
 

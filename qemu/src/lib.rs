@@ -119,7 +119,7 @@ pub struct Vm {
     /// The process that owns the VM (QEMU itself, or `nasos qemu`); `None` when another handle
     /// owns it.
     child: Option<Child>,
-    lines: mpsc::Receiver<String>,
+    lines: mpsc::Receiver<Console>,
     console: UnixStream,
     qmp: Option<PathBuf>,
     /// Everything the console printed, for failure reports.
@@ -193,18 +193,29 @@ impl Vm {
         };
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut r = BufReader::new(reader);
-            let mut buf = Vec::new();
+            let mut r = reader;
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            let mut pending: Vec<u8> = Vec::new();
             loop {
-                buf.clear();
-                match r.read_until(b'\n', &mut buf) {
+                let n = match r.read(&mut buf) {
                     Ok(0) | Err(_) => return,
-                    Ok(_) => {
-                        let _ = record.write_all(&buf);
-                        let line = String::from_utf8_lossy(&buf).replace('\r', "").trim_end_matches('\n').to_string();
-                        if tx.send(line).is_err() {
-                            return;
-                        }
+                    Ok(n) => n,
+                };
+                let _ = record.write_all(&buf[..n]);
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                    let raw: Vec<u8> = pending.drain(..=pos).collect();
+                    let line = String::from_utf8_lossy(&raw).replace('\r', "").trim_end_matches('\n').to_string();
+                    if tx.send(Console::Line(line)).is_err() {
+                        return;
+                    }
+                }
+                // A prompt ("login: ", "New password: ") ends without a newline.
+                if !pending.is_empty() {
+                    let text = String::from_utf8_lossy(&pending).replace('\r', "");
+                    if tx.send(Console::Partial(text)).is_err() {
+                        return;
                     }
                 }
             }
@@ -222,11 +233,26 @@ impl Vm {
 
     /// Waits for a console line containing `needle`; returns it.
     pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        self.wait(needle, timeout, false)
+    }
+
+    /// Waits for `needle` in a line or in a prompt that is not ended by a newline yet
+    /// (`login: `, `New password: `); returns the line or the prompt so far.
+    pub fn wait_for_prompt(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        self.wait(needle, timeout, true)
+    }
+
+    fn wait(&mut self, needle: &str, timeout: Duration, prompts: bool) -> anyhow::Result<String> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => {
+                Ok(Console::Partial(p)) => {
+                    if prompts && p.contains(needle) {
+                        return Ok(p);
+                    }
+                }
+                Ok(Console::Line(line)) => {
                     self.seen.push(line.clone());
                     if line.contains(needle) {
                         return Ok(line);
@@ -271,10 +297,11 @@ impl Vm {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let l = self
-                .lines
-                .recv_timeout(left)
-                .map_err(|_| anyhow::anyhow!("`{command}` did not finish within {timeout:?}"))?;
+            let l = match self.lines.recv_timeout(left) {
+                Ok(Console::Line(l)) => l,
+                Ok(Console::Partial(_)) => continue,
+                Err(_) => bail!("`{command}` did not finish within {timeout:?}"),
+            };
             self.seen.push(l.clone());
             if let Some(rest) = l.split(&format!("{tag}_END ")).nth(1) {
                 let status = rest.trim().parse::<i32>().unwrap_or(-1);
@@ -358,7 +385,9 @@ impl Vm {
             }
             // Keep draining the console so the guest never blocks on a full socket.
             while let Ok(l) = self.lines.try_recv() {
-                self.seen.push(l);
+                if let Console::Line(l) = l {
+                    self.seen.push(l);
+                }
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -399,6 +428,12 @@ pub fn strip_escapes(line: &str) -> String {
         }
     }
     out
+}
+
+/// What the console reader passes on: whole lines, and the start of a line not ended yet.
+enum Console {
+    Line(String),
+    Partial(String),
 }
 
 /// A QMP connection waiting for events.

@@ -25,8 +25,8 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("kernel.modules", "init/src/bin/nasinit.rs", "plan.kernel.modules"),
     ("kernel.module_options.*", "init/src/bin/nasinit.rs", "plan.kernel.module_options"),
     // The console is the `console` service (agetty on this device at this speed).
-    ("console.device", "board/src/plan/resolve.rs", "console_service(r.console.root_login, &b.console.device"),
-    ("console.baud", "board/src/plan/resolve.rs", "b.console.baud)"),
+    ("console.device", "board/src/plan/resolve.rs", "&b.console.device,"),
+    ("console.baud", "board/src/plan/resolve.rs", "b.console.baud,"),
     ("console.root_login", "image/src/root.rs", "plan.console.root_login"),
     ("console.root_password_hash", "image/src/root.rs", "plan.console.root_password_hash"),
     ("bays[].name", "init/src/early.rs", "bay.name"),

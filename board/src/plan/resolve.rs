@@ -235,7 +235,12 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         check_interval_seconds: r.health.check_interval_seconds,
     };
 
-    let console = console_service(r.console.root_login, &b.console.device, b.console.baud);
+    let console = console_service(
+        r.console.root_login,
+        r.console.root_password_hash.is_some(),
+        &b.console.device,
+        b.console.baud,
+    );
     let mut services = services(r.fabric.is_some() || !r.network.links.is_empty(), uses_zfs, r.nfs.is_some());
     apply_liveness(&mut services, &r.liveness, &r.debug.hang_services);
     services.splice(0..0, console);

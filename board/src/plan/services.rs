@@ -6,9 +6,20 @@ use nasos_layout::agents;
 use nasos_layout::paths::NASINIT;
 
 /// A getty on the serial console, unless the console is locked. It depends on nothing, so an
-/// operator can log in while storage is still coming up (or failing to).
-pub(super) fn console_service(login: RootLogin, device: &str, baud: u32) -> Option<Service> {
-    let mut command = vec!["/usr/sbin/agetty".to_string()];
+/// operator can log in while storage is still coming up (or failing to). Password login with no
+/// hash in the recipe (every production image) goes through `nasinit console`, which asks for
+/// root's password on the first boot and keeps it on the state partition.
+pub(super) fn console_service(login: RootLogin, has_hash: bool, device: &str, baud: u32) -> Option<Service> {
+    let mut command = Vec::new();
+    if login == RootLogin::Password && !has_hash {
+        command.extend([
+            NASINIT.to_string(),
+            agents::NASINIT_CONSOLE.to_string(),
+            device.to_string(),
+            "--".to_string(),
+        ]);
+    }
+    command.push("/usr/sbin/agetty".to_string());
     match login {
         RootLogin::Locked => return None,
         RootLogin::Autologin => command.extend(["--autologin".to_string(), "root".to_string()]),

@@ -49,13 +49,16 @@ pub(super) fn console(c: &mut Checker<'_, '_>, r: &Recipe) {
         RootLogin::Autologin if !dev => c.error(
             &p.key("root_login"),
             "root autologin on a production image",
-            "autologin is only for development images: set `development = true` in [image], or use root_login = \"password\" with a root_password_hash".to_string(),
+            "autologin is only for development images: set `development = true` in [image], or use root_login = \"password\" (the operator sets it on first boot)".to_string(),
         ),
+        // Without a hash, the first boot asks the operator for root's password on the console.
         RootLogin::Password => match &r.console.root_password_hash {
-            None => c.error(
-                &p.key("root_login"),
-                "password login without `root_password_hash`: the console would not be secured",
-                "add root_password_hash = \"$y$…\" (make one with `mkpasswd -m yescrypt`), or set root_login = \"locked\"".to_string(),
+            None => {}
+            // No shipped box may carry a password everyone who has the image knows.
+            Some(_) if !dev => c.error(
+                &p.key("root_password_hash"),
+                "a production image carries no password: every box would share it",
+                "remove root_password_hash; the first boot asks the operator to set root's password on the console".to_string(),
             ),
             Some(h) => {
                 if let Err(why) = check_crypt_hash(h) {

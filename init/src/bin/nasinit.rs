@@ -55,6 +55,16 @@ enum Command {
     /// service, to test start timeouts and the boot deadline).
     #[command(name = agents::NASINIT_DEBUG_HANG)]
     DebugHang,
+    /// The console service of an image that ships no password: on the first boot, ask for
+    /// root's password on DEVICE and keep it; then run the getty.
+    #[command(name = agents::NASINIT_CONSOLE)]
+    Console {
+        /// The console's tty, e.g. ttyS0.
+        device: String,
+        /// The getty and its arguments.
+        #[arg(last = true, required = true)]
+        getty: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -65,6 +75,11 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         Some(Command::LoadModules) => load_modules(&args.plan),
+        Some(Command::Console { device, getty }) => {
+            let e = nasos_init::firstboot::console(&device, &getty);
+            eprintln!("nasinit console: cannot run {}: {e}", getty.join(" "));
+            ExitCode::from(1)
+        }
         Some(Command::DebugHang) => {
             println!("debug: hanging on purpose (a development recipe's [debug] hang_services)");
             loop {
