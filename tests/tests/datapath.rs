@@ -27,6 +27,7 @@ fn main() -> ExitCode {
     s.check("nfs::an_export_refuses_a_client_outside_its_networks", refused_client);
     s.check("nfs::rdma_and_tcp_round_trip_with_root_squash", round_trip);
     s.check("nfs::a_restarted_nfsd_gets_its_rdma_listener_back", nfsd_restart);
+    s.check("nfs::an_unmounted_dataset_is_not_exported", unmounted_not_exported);
     s.check("lifecycle::a_reboot_imports_the_pool_and_the_data_is_there", reboot);
     s.check("lifecycle::a_power_cut_with_the_client_mounted_loses_nothing", power_cut);
     s.check("lifecycle::ctrl_alt_del_is_an_orderly_reboot", ctrl_alt_del);
@@ -177,6 +178,26 @@ fn nfsd_restart() {
         mount_train(gpu, "rdma", "/tmp/mnt-rdma");
         assert_eq!(digest(&ok(gpu, "sha256sum < /tmp/mnt-rdma/job/blob-rdma")), written[0].1);
         ok(gpu, "umount /tmp/mnt-rdma");
+    });
+}
+
+/// A dataset that is not mounted leaves only the tmpfs under its path: its export stays off and
+/// the NFS service says why; mounted again, it is served again.
+fn unmounted_not_exported() {
+    PAIR.with(|Pair { nas, .. }| {
+        ok(nas, "zfs set canmount=noauto tank/scratch && zfs unmount tank/scratch && mkdir -p /export/tank/scratch");
+        ok(nas, "nasctl restart nfs");
+        let log = poll(nas, "nasctl logs nfs", "export of tank/scratch stays off", Duration::from_secs(60));
+        assert!(
+            log.contains("export of tank/scratch stays off: tank/scratch is not mounted at /export/tank/scratch"),
+            "{log}"
+        );
+        let exports = poll(nas, "exportfs -v", "/export/tank/train", Duration::from_secs(60));
+        assert!(exports.contains("/export/tank/train"), "{exports}");
+        assert!(!exports.contains("/export/tank/scratch"), "the tmpfs under scratch is exported: {exports}");
+        ok(nas, "zfs set canmount=on tank/scratch && zfs mount tank/scratch && nasctl restart nfs");
+        let exports = poll(nas, "exportfs -v", "/export/tank/scratch", Duration::from_secs(60));
+        assert!(exports.contains("/export/tank/scratch"), "{exports}");
     });
 }
 
