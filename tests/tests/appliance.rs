@@ -54,6 +54,7 @@ fn main() -> ExitCode {
     s.check("liveness::the_watchdog_resets_a_frozen_pid1", watchdog_resets_a_frozen_pid1);
     s.check("boot::poweroff_ends_qemu_cleanly", poweroff);
     s.check("storage::a_foreign_bay_is_refused_and_left_untouched", foreign_bay);
+    s.check("state::a_state_partition_holding_something_else_is_refused", foreign_state);
     s.check("boot::a_tampered_root_is_refused", tampered_root);
     s.check("build::product_image", product_image);
     s.check("build::an_export_change_redoes_only_later_stages", export_change);
@@ -234,6 +235,38 @@ fn foreign_bay() {
         .expect("qemu-img compare");
     assert!(same.success(), "the foreign disk in BAY07 was changed");
     let _ = std::fs::remove_file(&foreign);
+}
+
+/// A state partition that holds another filesystem (a disk from elsewhere) is never formatted:
+/// the boot says what blkid saw and runs without persistence; the filesystem is still there.
+fn foreign_state() {
+    let raw = IMAGE.get().join("disk.img");
+    let out = Command::new("partx").args(["-g", "-o", "START", "-n", "4"]).arg(&raw).output().expect("partx");
+    let start: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("partition 4's start sector");
+    let fs = dir().join("oldbox-state.ext4");
+    let _ = std::fs::remove_file(&fs);
+    std::fs::File::create(&fs).and_then(|f| f.set_len(8 << 20)).expect("fs image");
+    let st = Command::new("mkfs.ext4").args(["-q", "-F", "-L", "oldbox-state"]).arg(&fs).status().expect("mkfs.ext4");
+    assert!(st.success());
+    let disk = overlay(&IMAGE.get().join("disk.qcow2"), &dir().join("foreign-state.qcow2"));
+    let st = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", &format!("write -s {} {} {}", fs.display(), start * 512, 8 << 20)])
+        .arg(&disk)
+        .output()
+        .expect("qemu-io");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let mut vm = boot(&disk, "foreign-state");
+    vm.wait_for("nasinit: started", Duration::from_secs(240)).expect("nasinit starts");
+    let refused = vm.wait_for("nasinit: state partition: ", Duration::from_secs(60)).expect("the refusal");
+    assert!(refused.contains("holds a ext4 signature labelled oldbox-state"), "{refused}");
+    assert!(refused.contains("never formats what it did not make"), "{refused}");
+    vm.wait_for("login: root (automatic login)", Duration::from_secs(240)).ok();
+    let status = status_json(&mut vm);
+    assert!(status["state_partition"].as_str().is_some_and(|s| s.starts_with("none: ")), "{status}");
+    let label = ok(&mut vm, "blkid -p -o value -s LABEL /dev/vda4");
+    assert_eq!(label.trim(), "oldbox-state", "the foreign filesystem was changed");
+    vm.kill();
+    let _ = std::fs::remove_file(&fs);
 }
 
 /// Root-A starts after 1 MiB of GPT and the 96 MiB ESP; its first block holds the EROFS
