@@ -158,8 +158,18 @@ fn prune(tree: &Path) -> anyhow::Result<()> {
 
 /// Modules kept whatever the plan says: filesystems and helpers the kernel asks for by name at
 /// run time (mounting the ESP wants nls_cp437; ext4 wants crc32c), which no dependency lists.
-const ALWAYS_MODULES: &[&str] =
-    &["ext4", "vfat", "nls_cp437", "nls_ascii", "nls_iso8859_1", "nls_utf8", "overlay", "loop", "crc32c_generic"];
+const ALWAYS_MODULES: &[&str] = &[
+    "ext4",
+    "vfat",
+    "nls_cp437",
+    "nls_ascii",
+    "nls_iso8859_1",
+    "nls_utf8",
+    "overlay",
+    "loop",
+    "crc32c_generic",
+    "efi_pstore",
+];
 /// Subtrees kept whole: small, generic, and loaded on demand by the kernel itself.
 const ALWAYS_DIRS: &[&str] = &["kernel/crypto/", "kernel/lib/", "kernel/fs/nls/", "updates/"];
 

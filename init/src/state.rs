@@ -50,7 +50,12 @@ pub fn bring_up(console: &Console) -> Brought {
     };
     identity(&st, console);
     nfs_state(&st, console);
-    let (boot, last_end) = record_boot(&st);
+    let (boot, mut last_end) = record_boot(&st);
+    if let Some(prev) = boot.checked_sub(1).filter(|p| *p > 0 && last_end.is_some())
+        && let Some(end) = pstore(&st, prev, console)
+    {
+        last_end = Some(end);
+    }
     Brought { state: st, device, created, boot, last_end }
 }
 
@@ -227,6 +232,40 @@ pub fn record_boot(st: &State) -> (u64, Option<BootEnd>) {
         let _ = fs::remove_dir_all(st.boot_dir(*old));
     }
     (seq, last_end)
+}
+
+/// Where the kernel leaves its last words across a reset.
+const PSTORE: &str = "/sys/fs/pstore";
+
+/// Reads what the kernel left in pstore (EFI variables here; ramoops elsewhere): a panic's log
+/// means the previous boot ended in a kernel panic. The records move to that boot's directory on
+/// the state partition (and out of the firmware's small store).
+fn pstore(st: &State, prev: u64, console: &Console) -> Option<BootEnd> {
+    // The EFI backend is a module; the pstore filesystem lists what the backends found.
+    let _ = Tool::new("modprobe").arg("efi_pstore").timeout(Duration::from_secs(20)).run();
+    let _ = fs::create_dir_all(PSTORE);
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let _ = mount(Some("pstore"), PSTORE, Some("pstore"), flags, None::<&str>);
+    let records: Vec<PathBuf> = fs::read_dir(PSTORE).ok()?.flatten().map(|e| e.path()).collect();
+    if records.is_empty() {
+        return None;
+    }
+    let keep = st.boot_dir(prev).join("pstore");
+    let _ = fs::create_dir_all(&keep);
+    let mut panicked = false;
+    for r in &records {
+        let text = fs::read_to_string(r).unwrap_or_default();
+        panicked |= text.contains("Kernel panic") || text.contains("Oops");
+        if let Some(name) = r.file_name() {
+            let _ = fs::write(keep.join(name), &text);
+        }
+        let _ = fs::remove_file(r);
+    }
+    console.say(&format!("the kernel left {} record(s) in pstore; kept in {}", records.len(), keep.display()));
+    panicked.then(|| {
+        record_end(st, prev, BootEnd::Panic);
+        BootEnd::Panic
+    })
 }
 
 /// Marks how this boot ends, just before reboot(2).

@@ -46,6 +46,20 @@ pub enum BootEnd {
     Watchdog,
     /// The boot missed its deadline and nasinit rebooted it.
     Deadline,
+    /// The kernel panicked (its last words were found in pstore; kept in `boots/N/pstore/`).
+    Panic,
+}
+
+impl BootEnd {
+    pub const ALL: [BootEnd; 7] = [
+        BootEnd::Unclean,
+        BootEnd::Poweroff,
+        BootEnd::Reboot,
+        BootEnd::Halt,
+        BootEnd::Watchdog,
+        BootEnd::Deadline,
+        BootEnd::Panic,
+    ];
 }
 
 impl BootEnd {
@@ -57,13 +71,12 @@ impl BootEnd {
             BootEnd::Halt => "halt",
             BootEnd::Watchdog => "watchdog",
             BootEnd::Deadline => "deadline",
+            BootEnd::Panic => "panic",
         }
     }
 
     pub fn parse(s: &str) -> Option<BootEnd> {
-        [BootEnd::Unclean, BootEnd::Poweroff, BootEnd::Reboot, BootEnd::Halt, BootEnd::Watchdog, BootEnd::Deadline]
-            .into_iter()
-            .find(|e| e.as_str() == s.trim())
+        BootEnd::ALL.into_iter().find(|e| e.as_str() == s.trim())
     }
 
     /// What an operator reads.
@@ -75,6 +88,7 @@ impl BootEnd {
             BootEnd::Halt => "clean halt",
             BootEnd::Watchdog => "hardware watchdog reset",
             BootEnd::Deadline => "missed its boot deadline, rebooted by nasinit",
+            BootEnd::Panic => "kernel panic (its log is kept with that boot's record)",
         }
     }
 }
@@ -161,9 +175,7 @@ mod tests {
 
     #[test]
     fn boot_ends_round_trip() {
-        for e in
-            [BootEnd::Unclean, BootEnd::Poweroff, BootEnd::Reboot, BootEnd::Halt, BootEnd::Watchdog, BootEnd::Deadline]
-        {
+        for e in BootEnd::ALL {
             assert_eq!(BootEnd::parse(&format!("{}\n", e.as_str())), Some(e));
         }
         assert_eq!(BootEnd::parse("exploded"), None);

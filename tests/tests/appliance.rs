@@ -52,6 +52,7 @@ fn main() -> ExitCode {
     s.check("boot::nasctl_reports_a_ready_appliance", nasctl_reports);
     s.check("boot::services_say_what_the_twin_board_cannot_apply", services_say);
     s.check("liveness::the_watchdog_resets_a_frozen_pid1", watchdog_resets_a_frozen_pid1);
+    s.check("liveness::a_kernel_panic_is_recorded_from_pstore", kernel_panic);
     s.check("boot::poweroff_ends_qemu_cleanly", poweroff);
     s.check("storage::a_foreign_bay_is_refused_and_left_untouched", foreign_bay);
     s.check("state::a_state_partition_holding_something_else_is_refused", foreign_state);
@@ -175,6 +176,23 @@ fn watchdog_resets_a_frozen_pid1() {
         let status = status_json(vm);
         assert_eq!(status["last_boot"], "hardware watchdog reset", "{status}");
         assert_eq!(status["boot"], 2, "{status}");
+    });
+}
+
+/// A kernel panic leaves its log in pstore (EFI variables under OVMF); the boot after the
+/// reboot (panic=10) says the last one ended in a panic and keeps the log.
+fn kernel_panic() {
+    DEV.with(|vm| {
+        vm.send_line("echo 1 > /proc/sys/kernel/sysrq; echo c > /proc/sysrq-trigger").expect("panic");
+        vm.expect_new_shell();
+        vm.wait_for("Kernel panic", Duration::from_secs(60)).expect("the kernel panics");
+        vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("the next boot");
+        let said = vm.wait_for("nasinit: state on ", Duration::from_secs(60)).expect("the state partition");
+        assert!(said.contains("the last boot ended: kernel panic"), "{said}");
+        vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
+        vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        let kept = ok(vm, "cat /var/lib/nasos/boots/*/pstore/* 2>/dev/null | grep -c 'sysrq' || true");
+        assert!(kept.trim().parse::<u32>().unwrap_or(0) > 0, "the panic's log was not kept: {kept}");
     });
 }
 
