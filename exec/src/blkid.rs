@@ -51,11 +51,10 @@ pub fn parse_export(output: &str) -> Option<Content> {
 /// Probes `dev`.
 pub fn probe(dev: &Path) -> Result<Content, Error> {
     match Tool::new("blkid").args(["-p", "-o", "export"]).arg(dev).output() {
-        Ok(o) => Ok(parse_export(&o.stdout).unwrap_or(Content::Found {
-            kind: "data blkid could not name".into(),
-            label: None,
-            partition_table: None,
-        })),
+        // On a partition blkid also prints what the partition table says of it (PART_ENTRY_*),
+        // and exits 0 even when the partition holds nothing: only a signature or a partition
+        // table counts as content.
+        Ok(o) => Ok(parse_export(&o.stdout).unwrap_or(Content::Blank)),
         // Exit status 2: nothing identifiable on the device.
         Err(Error::Failed { status, .. }) if status.code() == Some(2) => Ok(Content::Blank),
         Err(e) => Err(e),
@@ -74,6 +73,9 @@ mod tests {
         assert_eq!(gpt.describe(), "a gpt partition table");
         assert_eq!(parse_export(""), None);
         assert_eq!(parse_export("DEVNAME=/dev/vda4\n"), None);
+        // What blkid -p says of an empty GPT partition: the table's entry, no content.
+        let empty = "DEVNAME=/dev/vda4\nPART_ENTRY_SCHEME=gpt\nPART_ENTRY_NAME=nasos-data\nPART_ENTRY_UUID=8e2f\nPART_ENTRY_TYPE=0fc63daf-8483-4772-8e79-3d69d8477de4\nPART_ENTRY_NUMBER=4\n";
+        assert_eq!(parse_export(empty), None);
         let ext4 = parse_export("TYPE=ext4\nLABEL=nasos-data\n").expect("found");
         assert!(matches!(&ext4, Content::Found { kind, label: Some(l), .. } if kind == "ext4" && l == "nasos-data"));
     }
