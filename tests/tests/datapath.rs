@@ -208,9 +208,17 @@ fn reboot() {
         // client reads what it wrote before. A lock the client holds over RDMA is reclaimed in
         // the grace period (nfsd's client records are on the state partition).
         mount_train(gpu, "rdma", "/tmp/mnt-lock");
-        ok(gpu, "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'nohup flock /tmp/mnt-lock/job/lockfile sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/lock.pid'; sleep 3");
+        ok(gpu, "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'nohup flock /tmp/mnt-lock/job/lockfile sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/lock.pid'");
         // The lock as the appliance's kernel holds it, by the file's inode.
-        let inode = poll(nas, "stat -c %i /export/tank/train/job/lockfile 2>/dev/null || true", "", Duration::from_secs(5));
+        // The open may wait out a grace period (nfsd was restarted by the check before).
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        let inode = loop {
+            let out = ok(nas, "stat -c %i /export/tank/train/job/lockfile 2>/dev/null || true");
+            if out.trim().parse::<u64>().is_ok() || std::time::Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        };
         assert!(inode.trim().parse::<u64>().is_ok(), "no lock file on the appliance: {inode:?}");
         let inode = format!(":{} ", inode.trim());
         let held = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(30));
@@ -256,6 +264,8 @@ fn power_cut() {
         // A power cut (QMP system_reset: no export, no sync) with the client still mounted: the
         // pool imports on the next boot and the client's hard mount carries on with the same data,
         // without an I/O error reaching the program reading it.
+        // Whatever an earlier failed check left mounted over RDMA would carry this TCP mount too.
+        ok(gpu, "kill $(cat /tmp/lock.pid 2>/dev/null) 2>/dev/null; umount /tmp/mnt-lock 2>/dev/null; true");
         let (_, mounted) = gpu.run("mountpoint -q /tmp/mnt-tcp", Duration::from_secs(60)).expect("mountpoint");
         if mounted != 0 {
             mount_train(gpu, "tcp", "/tmp/mnt-tcp");
