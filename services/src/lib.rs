@@ -11,6 +11,7 @@ pub mod fabric;
 pub mod health;
 pub mod inspect;
 pub mod mounts;
+pub mod nfs;
 pub mod nfsd;
 pub mod rdma;
 pub mod signals;

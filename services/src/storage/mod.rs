@@ -1,5 +1,9 @@
-//! Storage decisions that can be tested without ZFS: what a disk holds, and what to do with a
-//! pool that is not imported.
+//! Storage: the decisions that can be tested without ZFS (what a disk holds, what to do with a
+//! pool that is not imported) here, and the agent's bring-up and export in `agent`.
+
+mod agent;
+
+pub use agent::{export, up};
 
 /// What a probe of a member disk found.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,9 @@
-//! Health checks as decisions over what sysfs and ZFS say, apart from the agent's loop so host
-//! tests reach them with a fixture tree.
+//! Health checks as decisions over what sysfs and ZFS say, apart from the agent's loop
+//! (`agent`) so host tests reach them with a fixture tree.
+
+mod agent;
+
+pub use agent::run;
 
 use std::collections::BTreeSet;
 use std::path::Path;

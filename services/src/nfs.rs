@@ -1,0 +1,142 @@
+//! The NFS agent. serve: writes the exports table from the plan, sets grace and lease times, starts
+//! rpc.mountd (and rpcbind and rpc.statd only for NFSv3), starts the kernel nfsd on TCP and on
+//! RDMA, checks both listeners, and reports ready. It then stays up watching mountd and nfsd:
+//! a restarted nfsd comes back with TCP only (the kernel makes its default sockets), so the
+//! RDMA listener is re-added whenever it is missing while nfsd runs. On SIGTERM it stops nfsd
+//! and mountd.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use crate::nfsd::{self, NFSD_FS, has_listener};
+use crate::signals::{Sig, Signals};
+use crate::{mounts, notify_ready, plan, run, say};
+use anyhow::{Context, bail};
+use nasos_board::plan::NfsPlan;
+
+/// How often the listeners are checked. A restarted nfsd serves TCP at once; RDMA clients
+/// reconnect within their retry interval, so two seconds without the RDMA listener is the
+/// longest they wait, and a portlist read every two seconds costs nothing.
+const WATCH: Duration = Duration::from_secs(2);
+
+pub fn serve() -> anyhow::Result<()> {
+    let plan = plan()?;
+    let Some(nfs) = plan.nfs else { bail!("the plan has no NFS server") };
+    // SIGTERM and SIGCHLD are taken in the watch loop below, not by default handlers.
+    let signals = Signals::take(&[Sig::SIGTERM, Sig::SIGCHLD])?;
+
+    if !Path::new(NFSD_FS).join("portlist").exists() {
+        let _ = run("modprobe", &["nfsd"]);
+        nix::mount::mount(Some("nfsd"), NFSD_FS, Some("nfsd"), nix::mount::MsFlags::empty(), None::<&str>)
+            .context("mounting the nfsd filesystem")?;
+    }
+    // Never serve what is not there: an export whose dataset is not what is mounted at its path
+    // (a dataset that failed to mount leaves the tmpfs under it) stays off, and says why.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let mut off = Vec::new();
+    for e in &nfs.exports {
+        if let Err(why) = mounts::dataset_mounted(&mountinfo, &e.dataset, &e.path) {
+            say(format!("export of {} stays off: {why}", e.dataset));
+            off.push(e.dataset.clone());
+        }
+    }
+    let table = nfs.exports_table_of(|e| !off.contains(&e.dataset));
+    std::fs::write("/etc/exports", table).context("writing /etc/exports")?;
+    // Grace and lease must be set before nfsd starts; the 90 s default delays first access.
+    std::fs::write(Path::new(NFSD_FS).join("nfsv4gracetime"), nfs.grace_seconds.to_string())
+        .context("setting the grace time")?;
+    std::fs::write(Path::new(NFSD_FS).join("nfsv4leasetime"), nfs.lease_seconds.to_string())
+        .context("setting the lease time")?;
+    let mut daemons: Vec<Child> = Vec::new();
+    if nfs.rpcbind {
+        daemons.push(Command::new("rpcbind").args(["-f", "-w"]).spawn().context("starting rpcbind")?);
+        std::thread::sleep(Duration::from_millis(300));
+        daemons.push(Command::new("rpc.statd").arg("-F").spawn().context("starting rpc.statd")?);
+    }
+    let mut mountd = Command::new("rpc.mountd");
+    mountd.arg("-F");
+    if !nfs.rpcbind {
+        mountd.args(["-N", "2", "-N", "3"]);
+    }
+    daemons.push(mountd.spawn().context("starting rpc.mountd")?);
+    run("exportfs", &["-ra"])?;
+    start_nfsd(&nfs)?;
+    let ports: Vec<String> = nfsd::listeners().iter().map(|l| format!("{} {}", l.transport, l.port)).collect();
+    say(format!("nfsd listening: {}", ports.join(", ")));
+    let off_note =
+        if off.is_empty() { String::new() } else { format!("; not serving {} (not mounted)", off.join(", ")) };
+    notify_ready(&format!("serving {} exports on {}{off_note}", nfs.exports.len() - off.len(), ports.join(", ")))?;
+
+    // Wait for SIGTERM or a daemon's death, checking the listeners in between.
+    let mut said: Option<String> = None;
+    let status = loop {
+        let signal = match signals.wait(WATCH) {
+            Ok(None) => {
+                watch_listeners(&nfs, &mut said);
+                continue;
+            }
+            Ok(Some(s)) => s,
+            Err(e) => break Err(e),
+        };
+        if signal == Sig::SIGTERM {
+            break Ok(());
+        }
+        if let Some((i, s)) =
+            daemons.iter_mut().enumerate().find_map(|(i, d)| d.try_wait().ok().flatten().map(|s| (i, s)))
+        {
+            break Err(anyhow::anyhow!("daemon {i} of the NFS service exited ({s})"));
+        }
+    };
+    let _ = run("rpc.nfsd", &["0"]);
+    for d in &mut daemons {
+        let _ = d.kill();
+        let _ = d.wait();
+    }
+    say("nfsd stopped");
+    status
+}
+
+/// Puts the RDMA listener back when nfsd was restarted without it. Says once when nfsd was
+/// stopped by hand (it is not restarted behind an operator's back) and once per failure streak,
+/// so a lasting problem does not flood the bounded log.
+fn watch_listeners(nfs: &NfsPlan, said: &mut Option<String>) {
+    let Some(port) = nfs.rdma_port else { return };
+    let news = if nfsd::threads() == 0 {
+        Some("nfsd has no threads: it was stopped outside nasos; clients wait until it runs again".to_string())
+    } else {
+        match nfsd::ensure_listener("rdma", port) {
+            Ok(false) => None,
+            Ok(true) => {
+                say(format!("nfsd was restarted without its RDMA listener: re-added rdma {port}"));
+                None
+            }
+            Err(e) => Some(format!("nfsd lost its RDMA listener and it could not be re-added: {e}")),
+        }
+    };
+    if news.is_some() && news != *said {
+        say(news.as_deref().unwrap_or_default());
+    }
+    *said = news;
+}
+
+/// Starts nfsd with the planned threads and versions, then makes sure the RDMA listener is
+/// there (a restarted nfsd loses it).
+fn start_nfsd(nfs: &NfsPlan) -> anyhow::Result<()> {
+    let mut args: Vec<String> = Vec::new();
+    for v in ["3", "4.0", "4.1", "4.2"] {
+        let on = nfs.versions.iter().any(|x| x.as_str() == v);
+        // rpc.nfsd speaks "4" for 4.0.
+        let v = if v == "4.0" { "4" } else { v };
+        args.extend([if on { "-V" } else { "-N" }.to_string(), v.to_string()]);
+    }
+    args.push(nfs.threads.to_string());
+    run("rpc.nfsd", &args.iter().map(String::as_str).collect::<Vec<_>>())?;
+    if let Some(port) = nfs.rdma_port {
+        nfsd::ensure_listener("rdma", port).map_err(|e| anyhow::anyhow!("{e} (is rpcrdma loaded?)"))?;
+    }
+    if !has_listener(&nfsd::listeners(), "tcp", nfs.tcp_port) {
+        bail!("nfsd has no TCP listener on {}", nfs.tcp_port);
+    }
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! The storage agent. up: imports each pool of the plan by its bay paths, or creates it when the
+//! recipe allows and every member disk is blank; then makes datasets match the plan, changing
+//! only what differs. nasos-storage export: exports the pools (the shutdown path).
+
+use std::time::Duration;
+
+use super::{DiskContent, importable_names, may_create};
+use crate::{Tool, plan, probe, run, say};
+use anyhow::Context;
+use nasos_board::plan::PoolPlan;
+use nasos_board::recipe::CreatePolicy;
+use nasos_exec::blkid;
+use nasos_layout::agents;
+use nasos_layout::paths::{BAY_DIR, NASINIT};
+
+/// Creating or importing a pool of many disks can take minutes on a loaded box; longer than
+/// this, something is stuck.
+const POOL_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn imported(pool: &str) -> bool {
+    probe("zpool", &["list", "-H", "-o", "name", pool])
+}
+
+pub fn up() -> anyhow::Result<()> {
+    let plan = plan()?;
+    // The ARC cap and tunables are module options: modprobe applied them when zfs loaded.
+    if let Some(options) = plan.kernel.module_options.get("zfs") {
+        check_tunables(options);
+    }
+    for pool in &plan.pools {
+        ensure_pool(pool)?;
+    }
+    for ds in &plan.datasets {
+        if !probe("zfs", &["list", "-H", "-o", "name", &ds.name]) {
+            let mut args = vec!["create".to_string(), "-p".to_string()];
+            for (k, v) in &ds.properties {
+                args.push("-o".into());
+                args.push(format!("{k}={v}"));
+            }
+            args.push(ds.name.clone());
+            run("zfs", &args.iter().map(String::as_str).collect::<Vec<_>>())?;
+            say(format!("{}: created", ds.name));
+            continue;
+        }
+        let mut changed = Vec::new();
+        if !ds.properties.is_empty() {
+            let props: Vec<&str> = ds.properties.keys().map(String::as_str).collect();
+            let now = nasos_zfs::dataset_properties(&props, &[&ds.name])?;
+            let current = now.datasets.get(&ds.name).with_context(|| format!("zfs get did not report {}", ds.name))?;
+            for (k, v) in &ds.properties {
+                let now = current.value(k).map(nasos_zfs::Value::text).unwrap_or_default();
+                if now != *v && !same_size(&now, v) {
+                    run("zfs", &["set", &format!("{k}={v}"), &ds.name])?;
+                    changed.push(format!("{k} {now} → {v}"));
+                }
+            }
+        }
+        say(format!("{}: {}", ds.name, if changed.is_empty() { "as planned".to_string() } else { changed.join(", ") }));
+    }
+    let _ = run("zfs", &["mount", "-a"]);
+    // Saying how the pools stand must not fail the service that just brought them up.
+    if let Err(e) = report() {
+        say(format!("reading pool state: {e:#}"));
+    }
+    Ok(())
+}
+
+/// Says how each pool stands, from `zpool status -j`.
+fn report() -> anyhow::Result<()> {
+    let status = nasos_zfs::status(None)?;
+    for pool in status.pools.values() {
+        let members = nasos_zfs::summary::members(pool);
+        let bad: Vec<String> = members
+            .iter()
+            .filter(|m| m.state != "ONLINE" || m.errors > 0)
+            .map(|m| format!("{} {} ({} errors)", m.disk, m.state, m.errors))
+            .collect();
+        say(format!(
+            "{}: {}, {} disks{}",
+            pool.name,
+            pool.state,
+            members.len(),
+            if bad.is_empty() { String::new() } else { format!("; {}", bad.join(", ")) }
+        ));
+    }
+    Ok(())
+}
+
+/// Says whether the running ZFS has the module options the plan gave modprobe; a difference
+/// (a parameter ZFS clamped, or one this ZFS does not have) is reported, not fatal.
+fn check_tunables(options: &std::collections::BTreeMap<String, String>) {
+    let mut differ = Vec::new();
+    for (name, want) in options {
+        let path = format!("/sys/module/zfs/parameters/{name}");
+        match std::fs::read_to_string(&path) {
+            Ok(now) if same_value(now.trim(), want) => {}
+            Ok(now) => differ.push(format!("{name} is {} (planned {want})", now.trim())),
+            Err(_) => differ.push(format!("{name} does not exist in this ZFS (planned {want})")),
+        }
+    }
+    if differ.is_empty() {
+        say(format!(
+            "zfs tunables as planned: {}",
+            options.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        ));
+    } else {
+        say(format!("zfs tunables differ from the plan: {}", differ.join("; ")));
+    }
+}
+
+/// Numbers compare as numbers ("05" is 5), anything else as text.
+fn same_value(now: &str, want: &str) -> bool {
+    match (now.parse::<i128>(), want.parse::<i128>()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => now == want,
+    }
+}
+
+/// `zfs get -p` prints sizes in bytes; the plan may say "2G".
+fn same_size(now: &str, want: &str) -> bool {
+    nasos_board::units::parse_size(want).is_some_and(|w| now.parse::<u64>().ok() == Some(w))
+}
+
+fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
+    if imported(&pool.name) {
+        say(format!("{}: already imported", pool.name));
+        return Ok(());
+    }
+    // Import by bay paths only: kernel nvme numbering does not follow bays.
+    match Tool::new("zpool").args(["import", "-N", "-d", BAY_DIR, &pool.name]).timeout(POOL_TIMEOUT).run() {
+        Ok(_) => {
+            let _ = run("zfs", &["mount", "-a"]);
+            say(format!("{}: imported from its bays", pool.name));
+            return Ok(());
+        }
+        Err(e) => {
+            // A pool that is on the bays but will not import is never created over: say why
+            // and what the operator can do, and leave the disks alone. "No such pool" is the
+            // one answer that means it is not there; anything else is confirmed by a scan.
+            let absent = format!("{e:#}").contains("no such pool available")
+                || !importable_names(&run("zpool", &["import", "-d", BAY_DIR]).unwrap_or_default())
+                    .iter()
+                    .any(|n| n == &pool.name);
+            if !absent {
+                anyhow::bail!(
+                    "pool {} is on its bays but did not import: {e:#}. Nothing was changed. If these disks \
+                     come from another box that is gone, import it once by hand: \
+                     zpool import -f -d {BAY_DIR} {}",
+                    pool.name,
+                    pool.name
+                );
+            }
+        }
+    }
+    if pool.create == CreatePolicy::ImportOnly {
+        anyhow::bail!("pool {} is not found on its bays and the recipe says import-only", pool.name);
+    }
+    let members: Vec<&String> = pool.vdevs.iter().flat_map(|v| v.bays.iter()).chain(pool.spares.iter()).collect();
+    let disks: Vec<(String, DiskContent)> = members.iter().map(|b| ((*b).clone(), content(b))).collect();
+    may_create(&pool.name, &disks).map_err(anyhow::Error::msg)?;
+    let mut args: Vec<String> = vec!["create".into(), "-o".into(), format!("ashift={}", pool.ashift)];
+    for (k, v) in &pool.properties {
+        args.extend(["-o".into(), format!("{k}={v}")]);
+    }
+    for (k, v) in &pool.filesystem {
+        args.extend(["-O".into(), format!("{k}={v}")]);
+    }
+    args.extend(["-m".into(), pool.mountpoint.clone(), pool.name.clone()]);
+    // Created on the kernel names the bays point to at this moment: libzfs waits for the
+    // partitions it makes to appear under udev's naming, and there is no udev here. The pool is
+    // then re-imported by bay paths, which is what its configuration keeps.
+    let kernel = |bay: &str| -> anyhow::Result<String> {
+        let p = std::fs::canonicalize(format!("{BAY_DIR}/{bay}")).with_context(|| format!("resolving {bay}"))?;
+        Ok(p.display().to_string())
+    };
+    for v in &pool.vdevs {
+        if let Some(word) = v.kind.zpool_word() {
+            args.push(word.into());
+        }
+        for b in &v.bays {
+            args.push(kernel(b)?);
+        }
+    }
+    if !pool.spares.is_empty() {
+        args.push("spare".into());
+        for b in &pool.spares {
+            args.push(kernel(b)?);
+        }
+    }
+    Tool::new("zpool")
+        .args(&args)
+        .timeout(POOL_TIMEOUT)
+        .run()
+        .with_context(|| format!("creating pool {}", pool.name))?;
+    run(NASINIT, &[agents::NASINIT_LINK_BAYS])?;
+    run("zpool", &["export", &pool.name])?;
+    Tool::new("zpool")
+        .args(["import", "-d", BAY_DIR, &pool.name])
+        .timeout(POOL_TIMEOUT)
+        .run()
+        .with_context(|| format!("re-importing {} by bay", pool.name))?;
+    say(format!("{}: created on {} blank disks", pool.name, members.len()));
+    Ok(())
+}
+
+fn content(bay: &str) -> DiskContent {
+    let dev = format!("{BAY_DIR}/{bay}");
+    if !std::path::Path::new(&dev).exists() {
+        return DiskContent::Missing;
+    }
+    match probe_blkid(&dev) {
+        Ok(None) => DiskContent::Blank,
+        Ok(Some(mut what)) => {
+            // A partition table says little; what its partitions hold says whose disk it is.
+            if what.contains("partition table") {
+                let parts: Vec<String> = (1..=9)
+                    .filter_map(|n| {
+                        let p = format!("{dev}-part{n}");
+                        std::path::Path::new(&p).exists().then_some(())?;
+                        probe_blkid(&p).ok().flatten().map(|w| format!("part{n}: {w}"))
+                    })
+                    .collect();
+                if !parts.is_empty() {
+                    what = format!("{what} ({})", parts.join(", "));
+                }
+            }
+            DiskContent::Holds(what)
+        }
+        Err(e) => DiskContent::Holds(format!("content that could not be probed ({e})")),
+    }
+}
+
+/// What blkid finds on a device, reading only (`-p` probes the device itself, no cache).
+fn probe_blkid(dev: &str) -> Result<Option<String>, String> {
+    match blkid::probe(std::path::Path::new(dev)) {
+        Ok(blkid::Content::Blank) => Ok(None),
+        Ok(found) => Ok(Some(found.describe())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+pub fn export() -> anyhow::Result<()> {
+    let plan = plan()?;
+    let mut failed = Vec::new();
+    for pool in plan.pools.iter().rev() {
+        if imported(&pool.name) {
+            match run("zpool", &["export", &pool.name]) {
+                Ok(_) => say(format!("{}: exported", pool.name)),
+                Err(e) => failed.push(format!("{e:#}")),
+            }
+        }
+    }
+    if failed.is_empty() { Ok(()) } else { anyhow::bail!(failed.join("; ")) }
+}
