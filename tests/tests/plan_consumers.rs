@@ -90,7 +90,11 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("health.watchdog_driver", "board/src/plan/resolve.rs", "push(&b.watchdog.driver)"),
     ("health.watchdog_identity", "init/src/bin/nasinit.rs", "plan.health.watchdog_identity"),
     ("health.watchdog_timeout_seconds", "init/src/bin/nasinit.rs", "plan.health.watchdog_timeout_seconds"),
-    ("health.nvme_temperature_warn_celsius", "services/src/health/agent.rs", "plan.health.nvme_temperature_warn_celsius"),
+    (
+        "health.nvme_temperature_warn_celsius",
+        "services/src/health/agent.rs",
+        "plan.health.nvme_temperature_warn_celsius",
+    ),
     ("health.pool_capacity_warn_percent", "services/src/health/agent.rs", "plan.health.pool_capacity_warn_percent"),
     ("health.check_interval_seconds", "services/src/health/agent.rs", "plan.health.check_interval_seconds"),
     ("upgrade.boot_tries", "image/src/build.rs", "plan.upgrade.boot_tries"),
