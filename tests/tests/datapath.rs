@@ -208,8 +208,9 @@ fn reboot() {
         // client reads what it wrote before. A lock the client holds over RDMA is reclaimed in
         // the grace period (nfsd's client records are on the state partition).
         mount_train(gpu, "rdma", "/tmp/mnt-lock");
-        ok(gpu, "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'nohup flock /tmp/mnt-lock/job/lockfile sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/lock.pid'");
-        // The lock as the appliance's kernel holds it, by the file's inode.
+        ok(gpu, "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'nohup flock -o /tmp/mnt-lock/job/lockfile sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/lock.pid'");
+        // flock holds the lock; -o keeps the file out of its child (sleep), so killing flock lets
+        // the mount go. The lock as the appliance's kernel holds it, by the file's inode.
         // The open may wait out a grace period (nfsd was restarted by the check before).
         let deadline = std::time::Instant::now() + Duration::from_secs(90);
         let inode = loop {
