@@ -224,6 +224,7 @@ fn reboot() {
         let inode = format!(":{} ", inode.trim());
         let held = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(30));
         assert!(held.contains(&inode), "the client's lock is not on the appliance ({inode}): {held}");
+        eprintln!("client records before the reboot:\n{}", ok(nas, "ls -la /var/lib/nfs/v4recovery; cat /proc/fs/nfsd/nfsv4recoverydir 2>/dev/null; findmnt /var/lib/nfs"));
         nas.send_line("nasctl reboot").expect("reboot");
         nas.expect_new_shell();
         let t = std::time::Instant::now();
@@ -237,6 +238,10 @@ fn reboot() {
         assert!(!log.contains("created"), "something was created on reboot: {log}");
         // The lock came back within the grace period, and its holder never noticed.
         let locks = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(90));
+        if !locks.contains(&inode) {
+            eprintln!("appliance: {}", ok(nas, "dmesg | grep -i -E 'nfsd|grace|recover' | tail -20; ls -la /var/lib/nfs/v4recovery"));
+            eprintln!("client: {}", ok(gpu, "dmesg | grep -i -E 'nfs|rpc|rdma|reclaim|lost' | tail -30"));
+        }
         assert!(locks.contains(&inode), "the lock was not reclaimed ({inode}): {locks}");
         ok(gpu, "kill -0 $(cat /tmp/lock.pid)");
         let dmesg = ok(gpu, "dmesg | grep -i -E 'reclaim|lost' || true");
