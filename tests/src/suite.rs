@@ -37,6 +37,15 @@ impl Suite {
         self.teardown.push(Box::new(f));
     }
 
+    /// Kills the VM a check left running, once every check is done.
+    pub fn kill_at_end(&mut self, vm: &'static Shared<nasos_qemu::Vm>) {
+        self.teardown(move || {
+            if let Some(mut vm) = vm.take() {
+                vm.kill();
+            }
+        });
+    }
+
     /// Runs the checks in order, one at a time, then the teardowns.
     pub fn run(self) -> ExitCode {
         let mut args = Arguments::from_args();

@@ -59,11 +59,7 @@ fn main() -> ExitCode {
     s.check("boot::a_tampered_root_is_refused", tampered_root);
     s.check("build::product_image", product_image);
     s.check("build::an_export_change_redoes_only_later_stages", export_change);
-    s.teardown(|| {
-        if let Some(mut vm) = DEV.take() {
-            vm.kill();
-        }
-    });
+    s.kill_at_end(&DEV);
     s.run()
 }
 

@@ -22,11 +22,7 @@ fn main() -> ExitCode {
     s.check("build::an_image_whose_storage_hangs", build_image);
     s.check("deadline::a_boot_that_misses_it_reboots", first_miss);
     s.check("deadline::after_the_guards_count_the_box_stays_up_and_says_why", stays_up);
-    s.teardown(|| {
-        if let Some(mut vm) = VM.take() {
-            vm.kill();
-        }
-    });
+    s.kill_at_end(&VM);
     s.run()
 }
 

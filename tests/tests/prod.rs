@@ -44,11 +44,7 @@ fn main() -> ExitCode {
     s.check("firstboot::after_a_reboot_no_prompt_and_the_same_password", after_reboot);
     s.check("state::a_factory_reset_clears_the_box_and_keeps_the_pools", factory_reset);
     s.check("firstboot::a_fresh_disk_asks_again", fresh_disk);
-    s.teardown(|| {
-        if let Some(mut vm) = VM.take() {
-            vm.kill();
-        }
-    });
+    s.kill_at_end(&VM);
     s.run()
 }
 
