@@ -328,33 +328,32 @@ impl Vm {
         self.quiet = false;
     }
 
-    /// Sends one QMP command (after the capabilities handshake) and returns its `return` value.
+    /// Connects to QMP and completes the capabilities handshake (10 s read timeout).
+    fn qmp_connect(&self) -> anyhow::Result<(BufReader<UnixStream>, UnixStream)> {
+        let path = self.qmp.as_ref().context("this VM has no QMP socket")?;
+        let w = UnixStream::connect(path)?;
+        w.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut r = BufReader::new(w.try_clone()?);
+        let mut w = w;
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")?;
+        line.clear();
+        r.read_line(&mut line)?;
+        Ok((r, w))
+    }
+
     /// Opens a QMP connection that listens for events (QEMU serves one QMP client at a time:
     /// send no command while it is open).
     pub fn qmp_events(&self) -> anyhow::Result<QmpEvents> {
-        let path = self.qmp.as_ref().context("this VM has no QMP socket")?;
-        let s = UnixStream::connect(path)?;
-        let mut r = BufReader::new(s.try_clone()?);
-        let mut w = s;
-        let mut line = String::new();
-        r.read_line(&mut line)?;
-        w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")?;
-        line.clear();
-        r.read_line(&mut line)?;
-        Ok(QmpEvents { reader: r, _writer: w })
+        let (reader, writer) = self.qmp_connect()?;
+        Ok(QmpEvents { reader, _writer: writer })
     }
 
+    /// Sends one QMP command (after the capabilities handshake) and returns its `return` value.
     pub fn qmp(&self, execute: &str, arguments: serde_json::Value) -> anyhow::Result<serde_json::Value> {
-        let path = self.qmp.as_ref().context("this VM has no QMP socket")?;
-        let s = UnixStream::connect(path)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut r = BufReader::new(s.try_clone()?);
-        let mut w = s;
+        let (mut r, mut w) = self.qmp_connect()?;
         let mut line = String::new();
-        r.read_line(&mut line)?;
-        w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")?;
-        line.clear();
-        r.read_line(&mut line)?;
         let cmd = serde_json::json!({"execute": execute, "arguments": arguments});
         w.write_all(format!("{cmd}\n").as_bytes())?;
         loop {
