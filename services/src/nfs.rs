@@ -1,5 +1,6 @@
 //! The NFS agent. serve: writes the exports table from the plan, sets grace and lease times, starts
-//! rpc.mountd (and rpcbind and rpc.statd only for NFSv3), starts the kernel nfsd on TCP and on
+//! nfsdcld (NFSv4 client records, kept on the state partition) and rpc.mountd (and rpcbind and
+//! rpc.statd only for NFSv3), starts the kernel nfsd on TCP and on
 //! RDMA, checks both listeners, and reports ready. It then stays up watching mountd and nfsd:
 //! a restarted nfsd comes back with TCP only (the kernel makes its default sockets), so the
 //! RDMA listener is re-added whenever it is missing while nfsd runs. On SIGTERM it stops nfsd
@@ -54,6 +55,12 @@ pub fn serve() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(300));
         daemons.push(Command::new("rpc.statd").arg("-F").spawn().context("starting rpc.statd")?);
     }
+    // nfsd keeps its NFSv4 client records through nfsdcld when the daemon has its pipe open
+    // as nfsd starts (the kernel tries it first, and waits only half a second for it). Its
+    // database lives in /var/lib/nfs, which is on the state partition.
+    let nfsdcld = start_nfsdcld()?;
+    let nfsdcld_pid = nfsdcld.id();
+    daemons.push(nfsdcld);
     let mut mountd = Command::new("rpc.mountd");
     mountd.arg("-F");
     if !nfs.rpcbind {
@@ -62,6 +69,13 @@ pub fn serve() -> anyhow::Result<()> {
     daemons.push(mountd.spawn().context("starting rpc.mountd")?);
     run("exportfs", &["-ra"])?;
     start_nfsd(&nfs)?;
+    if holds(nfsdcld_pid, |t| t == Path::new(CLD_PIPE)) {
+        say("NFSv4 client records kept by nfsdcld on the state partition");
+    } else {
+        say(format!(
+            "nfsd did not take nfsdcld's pipe {CLD_PIPE}: it tracks clients the legacy way, and a client that first mounts during a grace period cannot reclaim after the next reboot"
+        ));
+    }
     let ports: Vec<String> = nfsd::listeners().iter().map(|l| format!("{} {}", l.transport, l.port)).collect();
     say(format!("nfsd listening: {}", ports.join(", ")));
     let off_note =
@@ -95,6 +109,51 @@ pub fn serve() -> anyhow::Result<()> {
     }
     say("nfsd stopped");
     status
+}
+
+/// Where nfsdcld and the kernel meet: rpc_pipefs where Debian's nfs.conf puts it, and the pipe
+/// nfsd makes in it when it starts.
+const PIPEFS: &str = "/run/rpc_pipefs";
+const CLD_PIPE: &str = "/run/rpc_pipefs/nfsd/cld";
+
+/// Starts nfsdcld and waits until it watches for nfsd's pipe. nfsd makes the pipe as it starts
+/// and gives the daemon half a second to open it before it falls back to the legacy tracking
+/// directory, which forgets, when a grace period ends, every client that first came during it
+/// (such a client cannot reclaim its locks after the next reboot). nfsdcld keeps them (and
+/// imports once what a legacy directory held).
+fn start_nfsdcld() -> anyhow::Result<Child> {
+    let mounted = std::fs::read_to_string("/proc/self/mounts")
+        .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(PIPEFS)));
+    if !mounted {
+        std::fs::create_dir_all(PIPEFS).with_context(|| format!("making {PIPEFS}"))?;
+        nix::mount::mount(Some("rpc_pipefs"), PIPEFS, Some("rpc_pipefs"), nix::mount::MsFlags::empty(), None::<&str>)
+            .with_context(|| format!("mounting rpc_pipefs on {PIPEFS}"))?;
+    }
+    let mut child = Command::new("nfsdcld").args(["-F", "-p", PIPEFS]).spawn().context("starting nfsdcld")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if holds(child.id(), |t| t == Path::new(CLD_PIPE) || t == Path::new("anon_inode:inotify")) {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!("nfsdcld exited before it was ready ({status})");
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("nfsdcld did not start watching {PIPEFS}/nfsd within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` has an open file whose link target passes `what`.
+fn holds(pid: u32, what: impl Fn(&Path) -> bool) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| what(&t)))
 }
 
 /// Puts the RDMA listener back when nfsd was restarted without it. Says once when nfsd was

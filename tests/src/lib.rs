@@ -52,6 +52,21 @@ pub fn board(name: &str) -> nasos_board::Board {
     nasos_board::load_board(&nasos_board::SourceFile::new(file, text)).expect("valid board").0
 }
 
+/// Writes `DIR/NAME.toml`, a variant of `recipes/BASE.toml` made by `edit`, with its lock beside
+/// it and its key files named by absolute path (they are relative to the recipe's directory).
+pub fn recipe_variant(dir: &Path, base: &str, name: &str, edit: impl FnOnce(String) -> String) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("recipe dir");
+    let recipes = repo().join("recipes");
+    let text = std::fs::read_to_string(recipes.join(format!("{base}.toml"))).expect("recipe");
+    let text = text.replace("\"keys/", &format!("\"{}/keys/", recipes.display()));
+    let changed = edit(text.clone());
+    assert_ne!(changed, text, "the variant {name} of {base} changes nothing");
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, changed).expect("write recipe");
+    std::fs::copy(recipes.join(format!("{base}.toml.lock")), dir.join(format!("{name}.toml.lock"))).expect("copy lock");
+    path
+}
+
 /// A throwaway qcow2 overlay over a built disk, so boots never change the build output.
 pub fn overlay(base: &Path, at: &Path) -> PathBuf {
     let _ = std::fs::remove_file(at);
@@ -82,6 +97,7 @@ pub fn boot(dir: &Path, base: &Path, tag: &str, memory_mib: u32, link: Link, pre
         serial: Serial::Socket(state.join("console.sock")),
         qmp: Some(state.join("qmp.sock")),
         links: vec![link],
+        usb: None,
     };
     Vm::start(&spec, &dir.join(format!("console-{tag}.log"))).expect("start QEMU")
 }
@@ -91,6 +107,18 @@ pub fn ok(vm: &mut Vm, cmd: &str) -> String {
     let (out, code) = vm.run(cmd, Duration::from_secs(300)).unwrap_or_else(|e| panic!("`{cmd}`: {e}"));
     assert_eq!(code, 0, "`{cmd}` failed:\n{out}");
     out
+}
+
+/// Runs `cmd` until its output contains `needle` or `within` has passed; returns the last output.
+pub fn poll(vm: &mut Vm, cmd: &str, needle: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let out = ok(vm, cmd);
+        if out.contains(needle) || Instant::now() >= deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// The sha256 digest in a command's output.

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{Pair, digest, mount_train, ok, repo};
+use nasos_tests::{Pair, digest, mount_train, ok, poll, repo};
 
 static PAIR: Shared<Pair> = Shared::new("pair::both_vms_become_ready");
 /// The appliance's identity as first booted: (machine-id, NVMe host NQN).
@@ -207,11 +207,11 @@ fn reboot() {
         // The appliance reboots: its pool is imported from the bays, not created again, and the
         // client reads what it wrote before. A lock the client holds over RDMA is reclaimed in
         // the grace period (nfsd's client records are on the state partition).
-        // The kernel's legacy client tracking drops, when a grace period ends, the record of a
-        // client that first came during it (it reclaimed nothing): wait out the grace period the
-        // nfs restarts of the checks before began (30 s), as a client mounting on a box up for a
-        // while would. (nfsdcld, the daemon, does not have this hole; see the issue note.)
-        std::thread::sleep(Duration::from_secs(35));
+        // nfsd keeps its client records through nfsdcld: the kernel's legacy tracking would drop,
+        // when a grace period ends, the record of a client that first came during it, and this
+        // client comes during the grace period the nfs restart of the check before began.
+        let tracking = ok(nas, "dmesg | grep -i 'client tracking' | tail -1");
+        assert!(tracking.contains("nfsdcld"), "nfsd does not track clients through nfsdcld: {tracking}");
         mount_train(gpu, "rdma", "/tmp/mnt-lock");
         ok(gpu, "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'nohup flock -o /tmp/mnt-lock/job/lockfile sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/lock.pid'");
         // flock holds the lock; -o keeps the file out of its child (sleep), so killing flock lets
@@ -229,7 +229,7 @@ fn reboot() {
         let inode = format!(":{} ", inode.trim());
         let held = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(30));
         assert!(held.contains(&inode), "the client's lock is not on the appliance ({inode}): {held}");
-        eprintln!("client records before the reboot:\n{}", ok(nas, "ls -la /var/lib/nfs/v4recovery; cat /proc/fs/nfsd/nfsv4recoverydir 2>/dev/null; findmnt /var/lib/nfs"));
+        eprintln!("client records before the reboot:\n{}", ok(nas, "ls -la /var/lib/nfs/nfsdcld; findmnt /var/lib/nfs"));
         nas.send_line("nasctl reboot").expect("reboot");
         nas.expect_new_shell();
         let t = std::time::Instant::now();
@@ -244,7 +244,7 @@ fn reboot() {
         // The lock came back within the grace period, and its holder never noticed.
         let locks = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(90));
         if !locks.contains(&inode) {
-            eprintln!("appliance: {}", ok(nas, "dmesg | grep -i -E 'nfsd|grace|recover' | tail -20; ls -la /var/lib/nfs/v4recovery"));
+            eprintln!("appliance: {}", ok(nas, "dmesg | grep -i -E 'nfsd|grace|recover|tracking' | tail -20; ls -la /var/lib/nfs/nfsdcld"));
             eprintln!("client: {}", ok(gpu, "dmesg | grep -i -E 'nfs|rpc|rdma|reclaim|lost' | tail -30"));
         }
         assert!(locks.contains(&inode), "the lock was not reclaimed ({inode}): {locks}");
@@ -322,17 +322,6 @@ fn ctrl_alt_del() {
 }
 
 /// Runs `cmd` until its output contains `needle` or `within` has passed; returns the last output.
-fn poll(vm: &mut nasos_qemu::Vm, cmd: &str, needle: &str, within: Duration) -> String {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        let out = ok(vm, cmd);
-        if out.contains(needle) || std::time::Instant::now() >= deadline {
-            return out;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 /// The JSON a command printed (after anything the console added before it).
 fn json(out: &str) -> serde_json::Value {
     let start = out.find(['{', '[']).unwrap_or_else(|| panic!("no JSON in {out:?}"));
