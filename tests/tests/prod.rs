@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nasos_qemu::{Link, Vm};
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{build_binaries, nasos, ok, repo};
+use nasos_tests::{build_binaries, nasos, ok, poll, repo};
 
 static IMAGE: Shared<PathBuf> = Shared::new("build::qemu_prod_image");
 static VM: Shared<Vm> = Shared::new("firstboot::the_console_asks_for_root_s_password_once");
@@ -33,6 +33,8 @@ fn login(vm: &mut Vm, password: &str) {
     vm.send_line("root").expect("user");
     vm.wait_for_prompt("Password: ", Duration::from_secs(60)).expect("a password prompt");
     vm.send_line(password).expect("password");
+    // Nothing is typed before the shell prompts: what login is still reading would eat it.
+    vm.wait_for_prompt("~# ", Duration::from_secs(120)).expect("a shell prompt after login");
     vm.expect_new_shell();
 }
 
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
     s.check("firstboot::the_console_asks_for_root_s_password_once", first_boot);
     s.check("firstboot::login_works_with_that_password_and_nothing_else", login_with_it);
     s.check("firstboot::after_a_reboot_no_prompt_and_the_same_password", after_reboot);
+    s.check("state::a_factory_reset_clears_the_box_and_keeps_the_pools", factory_reset);
     s.check("firstboot::a_fresh_disk_asks_again", fresh_disk);
     s.kill_at_end(&VM);
     s.run()
@@ -100,6 +103,36 @@ fn after_reboot() {
         assert!(status.contains("last boot ended: clean reboot"), "{status}");
         let asked = vm.console_lines()[seen..].iter().any(|l| l.contains("no root password yet"));
         assert!(!asked, "the prompt came back after a reboot");
+    });
+}
+
+/// `nasctl factory-reset` (confirmed by the hostname) clears identity and credentials on the next
+/// boot, which asks for a password again; the pool and its data are kept.
+fn factory_reset() {
+    VM.with(|vm| {
+        let before = ok(vm, "cat /etc/machine-id").trim().to_string();
+        let refused = vm.run("echo wrong-host | nasctl factory-reset", Duration::from_secs(60)).expect("run");
+        assert_ne!(refused.1, 0, "{}", refused.0);
+        assert!(refused.0.contains("not confirmed: nothing was changed"), "{}", refused.0);
+        vm.send_line("echo nasos-prod | nasctl factory-reset").expect("factory reset");
+        vm.expect_new_shell();
+        vm.wait_for("nasinit: factory reset: clearing the state partition", Duration::from_secs(300)).expect("cleared");
+        vm.wait_for("This box has no root password yet", Duration::from_secs(300)).expect("asks again");
+        // Each prompt by its own text: a finished "New password: " line also contains the
+        // retype prompt's tail, and a password typed ahead of its prompt is flushed by passwd.
+        for prompt in ["New password: ", "Retype new password: "] {
+            vm.wait_for_prompt(prompt, Duration::from_secs(60)).expect("passwd asks");
+            vm.send_line(PASSWORD).expect("type");
+        }
+        vm.wait_for("Root's password is set.", Duration::from_secs(60)).expect("kept");
+        login(vm, PASSWORD);
+        let after = ok(vm, "cat /etc/machine-id").trim().to_string();
+        assert_ne!(after, before, "the identity survived a factory reset");
+        let status = ok(vm, "nasctl status");
+        assert!(status.contains("(made this boot)"), "{status}");
+        // Services are still starting when the login prompt comes.
+        let storage = poll(vm, "nasctl logs storage", "tank: imported", Duration::from_secs(300));
+        assert!(storage.contains("tank: imported from its bays"), "the pool was not kept: {storage}");
     });
 }
 
