@@ -38,14 +38,46 @@ pub const BOARDS: &[(&str, &str)] = &[
 pub struct Loaded {
     pub recipe: Recipe,
     pub board: Board,
+    /// The trusted upgrade keys, read from the files the recipe names.
+    pub keys: Vec<plan::TrustedKeyPlan>,
     /// Warnings only (a report with errors is returned as `Err`).
     pub report: Report,
 }
 
 impl Loaded {
     pub fn plan(&self) -> Plan {
-        plan::resolve(&self.recipe, &self.board)
+        let mut p = plan::resolve(&self.recipe, &self.board);
+        p.upgrade.trusted_keys = self.keys.clone();
+        p
     }
+}
+
+/// A key file named by `[upgrade] trusted_keys`, as read beside the recipe.
+#[derive(Debug, Clone)]
+pub struct KeyFile {
+    /// As the recipe names it.
+    pub name: String,
+    /// Its text, or why it could not be read.
+    pub text: Result<String, String>,
+    /// Whether a secret key (`NAME.key` for `NAME.pub`) lies beside it.
+    pub secret_beside: bool,
+}
+
+/// Reads the key files a recipe names, relative to the recipe's directory.
+fn read_keys(recipe_file: &str, r: &Recipe) -> Vec<KeyFile> {
+    let dir = FsPath::new(recipe_file).parent().unwrap_or(FsPath::new("."));
+    r.upgrade
+        .trusted_keys
+        .iter()
+        .map(|name| {
+            let p = dir.join(name);
+            KeyFile {
+                name: name.clone(),
+                text: std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display())),
+                secret_beside: p.with_extension("key").exists(),
+            }
+        })
+        .collect()
 }
 
 /// Reads and validates a recipe file and its board.
@@ -104,9 +136,12 @@ pub fn load_recipe(file: &SourceFile) -> Result<Loaded, Report> {
             return Err(finish(report));
         }
     };
+    let key_files = read_keys(&file.name, &recipe);
     report.diagnostics.extend(validate::recipe(&doc, &recipe, &board));
+    let (keys, diags) = validate::trusted_keys(&doc, &recipe, &key_files);
+    report.diagnostics.extend(diags);
     let report = finish(report);
-    if report.has_errors() { Err(report) } else { Ok(Loaded { recipe, board, report }) }
+    if report.has_errors() { Err(report) } else { Ok(Loaded { recipe, board, keys, report }) }
 }
 
 /// The text of a built-in board, with the file name diagnostics should show.

@@ -532,7 +532,7 @@ fn default_interval() -> u32 {
     10
 }
 
-/// Upgrade trust.
+/// Field upgrades: who may sign them, what they may replace, how many tries a new slot gets.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Upgrade {
@@ -540,12 +540,24 @@ pub struct Upgrade {
     #[serde(default = "default_tries")]
     #[schemars(range(min = 1, max = 10))]
     pub boot_tries: u32,
+    /// The minisign public keys (files relative to this recipe, made by `nasos keygen`) whose
+    /// signed bundles this box installs. No keys: the box takes no upgrades.
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
+    /// Bundles built from this recipe install only over this version or a later one
+    /// (`MAJOR.MINOR.PATCH`); an older box must take an intermediate version first.
+    #[serde(default = "default_min_version")]
+    pub min_version: String,
 }
 
 impl Default for Upgrade {
     fn default() -> Self {
-        Upgrade { boot_tries: default_tries() }
+        Upgrade { boot_tries: default_tries(), trusted_keys: Vec::new(), min_version: default_min_version() }
     }
+}
+
+fn default_min_version() -> String {
+    "0.0.0".into()
 }
 
 fn default_true() -> bool {

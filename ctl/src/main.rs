@@ -63,6 +63,11 @@ enum Command {
     Exports,
     /// Fabric links: state, addresses, RDMA ports and RoCE v2 GIDs, DCB as the NIC runs it.
     Fabric,
+    /// Field upgrades: install a signed bundle on the inactive slot, or show both slots.
+    Upgrade {
+        #[command(subcommand)]
+        what: Upgrade,
+    },
     /// Fault injection for development images.
     Debug {
         #[command(subcommand)]
@@ -74,6 +79,22 @@ enum Command {
     Poweroff,
     /// Stop all services and halt.
     Halt,
+}
+
+#[derive(Subcommand)]
+enum Upgrade {
+    /// Check and install a bundle: a path on the box (e.g. on a dataset, copied there over
+    /// NFS), `usb:` (the one *.nasos file on a USB stick's FAT filesystem) or an http:// URL
+    /// (streamed, never stored whole). Nothing is written before its signature, board and
+    /// version are checked; the running version stays the fallback.
+    Apply {
+        source: String,
+        /// Reboot into the new version once it is installed.
+        #[arg(long)]
+        reboot: bool,
+    },
+    /// Both slots, their versions, which one runs, tries left, and the history.
+    Status,
 }
 
 #[derive(Subcommand)]
@@ -119,6 +140,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Fabric => return show_fabric(json),
         Command::Logs { name, lines, boot: Some(back), .. } => return show_old_log(&name, lines, back),
         Command::Boots => return show_boots(json),
+        Command::Upgrade { what: Upgrade::Status } => return show_upgrade(json),
+        Command::Upgrade { what: Upgrade::Apply { source, reboot: false } } => return apply_upgrade(&source),
         _ => {}
     }
     let client = Client::connect(&args.socket).await?;
@@ -200,13 +223,77 @@ async fn run(args: Args) -> anyhow::Result<()> {
             client.debug_freeze().await?;
             println!("nasinit's loop is frozen; the watchdog resets the box when its timeout passes");
         }
+        Command::Upgrade { what: Upgrade::Apply { source, reboot: true } } => {
+            apply_upgrade(&source)?;
+            client.shutdown(ShutdownKind::Reboot).await?;
+        }
         // Answered above, before connecting.
-        Command::Pools | Command::Exports | Command::Fabric | Command::Boots => {}
+        Command::Pools | Command::Exports | Command::Fabric | Command::Boots | Command::Upgrade { .. } => {}
         Command::Reboot => client.shutdown(ShutdownKind::Reboot).await?,
         Command::Poweroff => client.shutdown(ShutdownKind::Poweroff).await?,
         Command::Halt => client.shutdown(ShutdownKind::Halt).await?,
     }
     Ok(())
+}
+
+fn apply_upgrade(source: &str) -> anyhow::Result<()> {
+    use nasos_services::upgrade::apply;
+    let done = apply::apply(&apply::Options { source: source.to_string(), allow_downgrade: false })?;
+    println!(
+        "upgrade: done in {:.1}s; reboot to start {} (nasctl reboot)",
+        done.took.as_secs_f64(),
+        done.manifest.version
+    );
+    Ok(())
+}
+
+fn show_upgrade(json: bool) -> anyhow::Result<()> {
+    let v = nasos_services::upgrade::status::read()?;
+    if json {
+        return print(&v);
+    }
+    println!("{:<5} {:<11} {:<9} {:<8} STATE", "SLOT", "DEVICE", "VERSION", "");
+    for s in &v.slots {
+        let version = s.version.as_deref().unwrap_or("-");
+        let running = if s.running { "running" } else { "" };
+        println!("{:<5} {:<11} {:<9} {:<8} {}", s.slot, s.device, version, running, s.state);
+    }
+    println!("boots next: {}", v.boots_next.as_deref().unwrap_or("nothing (no entry with tries left)"));
+    if !v.history.is_empty() {
+        println!("history:");
+        for e in &v.history {
+            let slot = if e.slot.is_empty() { String::new() } else { format!(" slot {}", e.slot) };
+            let version = if e.version.is_empty() { "-" } else { e.version.as_str() };
+            println!("  {}  {:<11} {version:<8} (running {}){slot}  {}", utc(e.at), e.event, e.from, e.detail);
+        }
+    }
+    Ok(())
+}
+
+/// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC (the civil-from-days algorithm).
+fn utc(secs: u64) -> String {
+    let (days, rem) = ((secs / 86400) as i64, secs % 86400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod utc_tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00");
+        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00:00");
+        // As `date -u -d @1796116131` prints it.
+        assert_eq!(super::utc(1_796_116_131), "2026-12-01 09:08:51");
+    }
 }
 
 /// The last `lines` lines of a service's log in an earlier boot (0: this one), read from the

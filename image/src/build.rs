@@ -36,6 +36,10 @@ pub struct Outputs {
     pub disk_raw: PathBuf,
     pub disk_qcow2: PathBuf,
     pub uki: PathBuf,
+    /// The root filesystem with its verity tree after it, as a slot holds them.
+    pub root: PathBuf,
+    /// The root's verity parameters (what the UKI's command line carries).
+    pub verity: nasos_layout::cmdline::Verity,
     pub stages: Stages,
 }
 
@@ -181,7 +185,10 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let disk_raw = opts.out.join("disk.img");
     let disk_qcow2 = opts.out.join("disk.qcow2");
     let slot_mib = plan.image.size_budget_mib.map_or(DEFAULT_SLOT_MIB, u64::from);
-    let entry = entry::counted_path(&plan.image.version, plan.upgrade.boot_tries);
+    // The factory entry is blessed from the start: a freshly flashed box has no earlier version
+    // to fall back to, so counting its tries would only delay the reboot-loop guard. Upgrades
+    // install their entries with a counter, beside the running one.
+    let entry = entry::blessed_path(&plan.image.version);
     let mut k = Key::new("disk");
     k.str(STAGE_LOGIC).str(&tool).str(&entry).str(&format!("{ESP_MIB}/{slot_mib}/{DATA_MIB}/{epoch}"));
     k.file(&uki_path)?.file(&root_img)?.file(Path::new(BOOT_EFI))?;
@@ -204,7 +211,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         std::fs::rename(&qtmp, &disk_qcow2)?;
         Ok(format!("{} MiB raw, {} MiB qcow2", std::fs::metadata(&disk_raw)?.len() >> 20, mib(&disk_qcow2)))
     })?;
-    Ok(Outputs { disk_raw, disk_qcow2, uki: uki_path, stages })
+    Ok(Outputs { disk_raw, disk_qcow2, uki: uki_path, root: root_img, verity, stages })
 }
 
 /// Writes the initramfs: its init program, that program's libraries from the image, the boot

@@ -1,8 +1,9 @@
 //! nasos-image: everything `nasos` does, as a library (the binary only parses arguments and
 //! prints): recipe → plan → rootfs → verified root + initramfs → UKI → A/B disk; flashing; booting
-//! on the emulated twin board.
+//! on the emulated twin board; signed upgrade bundles.
 
 pub mod build;
+pub mod bundle;
 pub mod disk;
 pub mod flash;
 pub mod host;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use nasos_board::{Loaded, Report, load_recipe_file, schema};
-use nasos_image::{build, flash, vm};
+use nasos_image::{build, bundle, flash, vm};
 
 #[derive(Parser)]
 #[command(name = "nasos", version, about = "Build and boot nasos, the NFS-over-RDMA storage appliance firmware")]
@@ -82,6 +82,9 @@ enum Command {
         /// in a client/ folder under it). A new folder means blank bays.
         #[arg(long)]
         state: Option<PathBuf>,
+        /// Plug in a USB stick (FAT) holding this file, e.g. a bundle for `nasctl upgrade apply usb:`.
+        #[arg(long)]
+        usb: Option<PathBuf>,
     },
     /// Write a raw disk image (disk.img) to a block device and verify it by reading it back.
     ///
@@ -95,6 +98,40 @@ enum Command {
         /// Really overwrite the device.
         #[arg(long)]
         yes: bool,
+    },
+    /// Make an upgrade signing key pair: DIR/NAME.pub (for recipes' [upgrade] trusted_keys) and
+    /// DIR/NAME.key (keep it secret). minisign's format: `minisign -V` checks what it signs.
+    Keygen {
+        /// Where to write the two files.
+        #[arg(long)]
+        out: PathBuf,
+        /// The files' name.
+        #[arg(long, default_value = "nasos")]
+        name: String,
+        /// Leave the secret key unencrypted (development and CI keys). Otherwise it is encrypted
+        /// with a password: NASOS_KEY_PASSWORD, or asked on the terminal.
+        #[arg(long)]
+        no_password: bool,
+    },
+    /// Build the image if needed and pack it into a signed upgrade bundle
+    /// (default build/<name>/<name>-<version>.nasos); or, with --inspect, say what a bundle holds.
+    Bundle {
+        /// The recipe. With --inspect it is optional: its trusted keys judge the signature.
+        recipe: Option<PathBuf>,
+        /// The minisign secret key that signs the manifest (from `nasos keygen`); an encrypted
+        /// one is opened with NASOS_KEY_PASSWORD or a password asked on the terminal.
+        #[arg(long, required_unless_present = "inspect")]
+        key: Option<PathBuf>,
+        /// Where to write the bundle.
+        #[arg(long, conflicts_with = "inspect")]
+        out: Option<PathBuf>,
+        /// Where the image is built (default build/<name>/).
+        #[arg(long, conflicts_with = "inspect")]
+        build: Option<PathBuf>,
+        /// Print this bundle's manifest, whether its signature is good for the recipe's keys, and
+        /// whether its payloads match the manifest.
+        #[arg(long)]
+        inspect: Option<PathBuf>,
     },
     /// Print the JSON Schema of recipe or board files, for editors (e.g. taplo, VS Code Even Better TOML).
     Schema {
@@ -159,8 +196,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", outputs.uki.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Qemu { recipe, headless, serial, qmp, memory, client, client_serial, state } => {
-            vm::run(vm::Options { recipe, headless, serial, qmp, memory, client, client_serial, state }, |r| {
+        Command::Qemu { recipe, headless, serial, qmp, memory, client, client_serial, state, usb } => {
+            vm::run(vm::Options { recipe, headless, serial, qmp, memory, client, client_serial, state, usb }, |r| {
                 load(r, false)
             })
         }
@@ -182,6 +219,88 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let digest = flash::flash(&image, &device)?;
             println!("{} written to {} and verified (sha256 {digest})", image.display(), device.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Keygen { out, name, no_password } => {
+            let (public, secret) = bundle::keygen(&out, &name, !no_password)?;
+            println!("{}", public.display());
+            println!("{}", secret.display());
+            eprintln!(
+                "nasos: keep {} secret; list {} in a recipe's [upgrade] trusted_keys",
+                secret.display(),
+                public.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bundle { recipe, inspect: Some(file), .. } => {
+            let keys = match &recipe {
+                Some(r) => {
+                    let Some(loaded) = load(r, false)? else { return Ok(ExitCode::from(1)) };
+                    let plan = loaded.plan();
+                    Some(
+                        nasos_bundle::TrustedKeys::parse(plan.upgrade.trusted_keys.iter().map(|k| k.key.as_str()))
+                            .context("the recipe's trusted keys")?,
+                    )
+                }
+                None => None,
+            };
+            let found = bundle::inspect(&file, keys.as_ref())?;
+            let mut good = true;
+            match &found.manifest {
+                Ok(m) => {
+                    println!("bundle     {}", file.display());
+                    println!("image      {} {} for board {}", m.image, m.version, m.board);
+                    println!("replaces   {} or later", m.min_version);
+                    println!("root hash  {}", m.root_hash());
+                    for p in &m.payloads {
+                        println!("payload    {:<7} {:>11} bytes  sha256 {}", p.kind.as_str(), p.size, p.sha256);
+                    }
+                }
+                Err(e) => {
+                    good = false;
+                    println!("manifest   unreadable: {e}");
+                }
+            }
+            match &found.signature {
+                Some(Ok(v)) => println!("signature  {v}"),
+                Some(Err(e)) => {
+                    good = false;
+                    println!("signature  BAD: {e}");
+                }
+                None => println!("signature  not judged: give the recipe whose boxes would take it"),
+            }
+            match &found.payloads {
+                Some(Ok(())) => println!("payloads   match the manifest"),
+                Some(Err(e)) => {
+                    good = false;
+                    println!("payloads   BAD: {e}");
+                }
+                None => {}
+            }
+            Ok(if good { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Bundle { recipe, key, out, build: build_dir, inspect: None } => {
+            let (Some(recipe), Some(key)) = (recipe, key) else {
+                anyhow::bail!("nasos bundle needs a RECIPE and --key SECRET (or --inspect FILE)");
+            };
+            let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
+            let plan = loaded.plan();
+            let dir = build_dir.unwrap_or_else(|| PathBuf::from("build").join(&plan.image.name));
+            let opts = build::Options { recipe: recipe.clone(), out: dir.clone(), update_lock: false, rebuild: false };
+            let outputs = build::build(&opts, &plan)?;
+            let file = out.unwrap_or_else(|| {
+                dir.join(format!("{}-{}.{}", plan.image.name, plan.image.version, nasos_bundle::EXTENSION))
+            });
+            let m = bundle::bundle(&plan, &outputs, &key, &file)?;
+            eprintln!(
+                "nasos: bundle {} {} for {}: {} MiB (root hash {})",
+                m.image,
+                m.version,
+                m.board,
+                std::fs::metadata(&file)?.len() >> 20,
+                &m.root_hash()[..16]
+            );
+            println!("{}", file.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Schema { kind } => {

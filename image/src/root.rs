@@ -157,7 +157,8 @@ fn prune(tree: &Path) -> anyhow::Result<()> {
 }
 
 /// Modules kept whatever the plan says: filesystems and helpers the kernel asks for by name at
-/// run time (mounting the ESP wants nls_cp437; ext4 wants crc32c), which no dependency lists.
+/// run time (mounting the ESP wants nls_cp437; ext4 wants crc32c), which no dependency lists,
+/// and the drivers of a USB stick, which udev loads when one appears.
 const ALWAYS_MODULES: &[&str] = &[
     "ext4",
     "vfat",
@@ -169,6 +170,13 @@ const ALWAYS_MODULES: &[&str] = &[
     "loop",
     "crc32c_generic",
     "efi_pstore",
+    // systemd-boot's variables (which entry booted, its tries) for blessing.
+    "efivarfs",
+    // A USB stick carrying an upgrade bundle (udev loads them when one is plugged in).
+    "xhci_pci",
+    "usb_storage",
+    "uas",
+    "sd_mod",
 ];
 /// Subtrees kept whole: small, generic, and loaded on demand by the kernel itself.
 const ALWAYS_DIRS: &[&str] = &["kernel/crypto/", "kernel/lib/", "kernel/fs/nls/", "updates/"];

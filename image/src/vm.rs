@@ -21,6 +21,8 @@ pub struct Options {
     pub client_serial: Option<PathBuf>,
     /// Where the VM keeps its bays and EFI variables (the client's under `client/`).
     pub state: Option<PathBuf>,
+    /// A file to carry on a USB stick (FAT) plugged into the appliance, e.g. a bundle.
+    pub usb: Option<PathBuf>,
 }
 
 /// Builds (if needed) and prepares one VM: a fresh overlay over the built disk, kept bays.
@@ -78,6 +80,16 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
         None => None,
     };
     host::ensure(host::QEMU)?;
+    let usb = match &opts.usb {
+        Some(file) => {
+            let stick = state.join("usb-stick.img");
+            nasos_qemu::usb_stick(file, &stick)
+                .with_context(|| format!("putting {} on a USB stick", file.display()))?;
+            eprintln!("nasos: a USB stick holding {} is plugged in", file.display());
+            Some(stick)
+        }
+        None => None,
+    };
     let plan = nas.plan();
     let links: Vec<Link> = plan
         .links
@@ -97,6 +109,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
         serial: console,
         qmp: opts.qmp.clone(),
         links: links.clone(),
+        usb: usb.clone(),
     };
     nasos_qemu::prepare_state(&spec)?;
     for l in &links {
@@ -139,6 +152,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
             serial: cserial,
             qmp: None,
             links: clinks,
+            usb: None,
         };
         nasos_qemu::prepare_state(&cspec)?;
         let log = std::fs::File::create(cstate.join("qemu.log"))?;

@@ -387,8 +387,9 @@ impl Supervisor {
             let _ = crate::state::write_atomic(&path, format!("{n}\n").as_bytes());
             n
         });
+        let trial = on_trial();
         match counter {
-            Some(n) if n >= guard => {
+            Some(n) if stays_up(n, guard, trial.is_some()) => {
                 let why = format!(
                     "{n} boots in a row missed their {secs}s deadline; staying up instead of rebooting again. Not ready: {}. See nasctl services and nasctl logs; nasctl reboot tries again",
                     waiting.join(", ")
@@ -397,7 +398,11 @@ impl Supervisor {
                 self.facts.why_not_ready = why;
             }
             n => {
-                let count = n.map(|n| format!(" ({n} of {guard} in a row)")).unwrap_or_default();
+                let count = match (&trial, n) {
+                    (Some(entry), _) => format!(" ({entry} is on trial: its boot tries, not the guard, end this)"),
+                    (None, Some(n)) => format!(" ({n} of {guard} in a row)"),
+                    (None, None) => String::new(),
+                };
                 self.console.say(&format!("rebooting{count}: a boot that misses its deadline counts as failed"));
                 self.end = Some(nasos_layout::state::BootEnd::Deadline);
                 self.core.begin_shutdown(ShutdownKind::Reboot, now);
@@ -506,5 +511,41 @@ fn describe(status: &WaitStatus) -> (bool, String) {
             (false, format!("signal {}{}", *sig as i32, if *core { " (core dumped)" } else { "" }))
         }
         other => (false, format!("{other:?}")),
+    }
+}
+
+/// Whether a boot that missed its deadline stays up instead of rebooting. A version on trial
+/// always reboots: systemd-boot counts its tries and boots the previous version once they are
+/// used up, so staying up would keep the box on the bad version. A blessed version stays up after
+/// `guard` misses in a row (there is nothing to fall back to; rebooting forever helps nobody).
+pub fn stays_up(misses_in_a_row: u32, guard: u32, on_trial: bool) -> bool {
+    !on_trial && misses_in_a_row >= guard
+}
+
+/// The boot entry systemd-boot started, if it is on trial (read from its EFI variables; efivarfs
+/// is mounted here when nothing has yet).
+fn on_trial() -> Option<String> {
+    let dir = std::path::Path::new(nasos_layout::entry::EFIVARS);
+    if std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(true) {
+        let _ = nasos_exec::Tool::new("modprobe").arg("efivarfs").timeout(std::time::Duration::from_secs(20)).run();
+        let _ = nix::mount::mount(Some("efivarfs"), dir, Some("efivarfs"), nix::mount::MsFlags::empty(), None::<&str>);
+    }
+    nasos_layout::entry::booted_on_trial(dir)
+        .filter(|e| nasos_layout::entry::parse(e).is_some_and(|p| p.counter.is_some()))
+}
+
+#[cfg(test)]
+mod guard_tests {
+    use super::stays_up;
+
+    #[test]
+    fn a_version_on_trial_always_reboots_and_a_blessed_one_stays_up_after_the_guard() {
+        assert!(!stays_up(1, 3, false));
+        assert!(!stays_up(2, 3, false));
+        assert!(stays_up(3, 3, false));
+        assert!(stays_up(7, 3, false));
+        for n in [1, 3, 7] {
+            assert!(!stays_up(n, 3, true), "{n} misses on trial");
+        }
     }
 }

@@ -9,6 +9,25 @@ pub const PREFIX: &str = "nasos-";
 /// systemd-boot's vendor GUID for its EFI variables (LoaderBootCountPath, LoaderDevicePartUUID).
 pub const LOADER_VENDOR_GUID: &str = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f";
 
+/// Where the kernel shows the firmware's variables.
+pub const EFIVARS: &str = "/sys/firmware/efi/efivars";
+
+/// Reads a systemd-boot variable (`LoaderBootCountPath`, `LoaderDevicePartUUID`) from an efivarfs
+/// directory: 4 attribute bytes, then UTF-16LE text ending in NUL. `None` when it is not there.
+pub fn loader_var(efivars: &std::path::Path, name: &str) -> Option<String> {
+    let raw = std::fs::read(efivars.join(format!("{name}-{LOADER_VENDOR_GUID}"))).ok()?;
+    let words: Vec<u16> =
+        raw.get(4..)?.chunks(2).filter(|c| c.len() == 2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    Some(String::from_utf16_lossy(&words).trim_end_matches('\0').to_string())
+}
+
+/// The entry file systemd-boot started, when it carries a try counter (systemd-boot publishes
+/// `LoaderBootCountPath` only for an entry on trial, after decrementing it).
+pub fn booted_on_trial(efivars: &std::path::Path) -> Option<String> {
+    let path = loader_var(efivars, "LoaderBootCountPath")?;
+    Some(path.rsplit('\\').next().unwrap_or(&path).to_string())
+}
+
 /// A parsed entry name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -25,6 +44,12 @@ pub fn counted(version: &str, tries: u32) -> String {
 /// Its path on the ESP.
 pub fn counted_path(version: &str, tries: u32) -> String {
     format!("{DIR}/{}", counted(version, tries))
+}
+
+/// The path of a blessed entry (`EFI/Linux/nasos-1.2.0.efi`): the factory image's, which has no
+/// earlier version to fall back to.
+pub fn blessed_path(version: &str) -> String {
+    format!("{DIR}/{PREFIX}{version}.efi")
 }
 
 /// Parses an entry's file name; `None` for a file that is not a nasos entry.
@@ -56,6 +81,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reads_the_booted_entry_as_systemd_boot_writes_it() {
+        let dir = std::env::temp_dir().join(format!("nasos-efivars-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("fixture");
+        let text = "\\EFI\\Linux\\nasos-0.1.0+2-1.efi";
+        let mut raw = vec![7, 0, 0, 0];
+        for u in text.encode_utf16().chain([0]) {
+            raw.extend(u.to_le_bytes());
+        }
+        std::fs::write(dir.join(format!("LoaderBootCountPath-{LOADER_VENDOR_GUID}")), raw).expect("fixture");
+        assert_eq!(loader_var(&dir, "LoaderBootCountPath").as_deref(), Some(text));
+        assert_eq!(booted_on_trial(&dir).as_deref(), Some("nasos-0.1.0+2-1.efi"));
+        assert_eq!(loader_var(&dir, "LoaderDevicePartUUID"), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn counters_come_off() {
         assert_eq!(blessed_name("nasos-0.1.0+3.efi").as_deref(), Some("nasos-0.1.0.efi"));
         assert_eq!(blessed_name("nasos-0.1.0+2-1.efi").as_deref(), Some("nasos-0.1.0.efi"));
@@ -70,6 +111,7 @@ mod tests {
             let name = counted(v, n);
             assert_eq!(parse(&name), Some(Entry { version: v.into(), counter: Some((n, 0)) }));
             assert_eq!(counted_path(v, n), format!("EFI/Linux/{name}"));
+            assert_eq!(Some(blessed_path(v)), blessed_name(&name).map(|b| format!("EFI/Linux/{b}")));
             assert_eq!(
                 parse(&blessed_name(&name).expect("on trial")),
                 Some(Entry { version: v.into(), counter: None })

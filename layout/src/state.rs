@@ -10,6 +10,7 @@
 //! | `nfs/` | nfsd's state (`/var/lib/nfs`: NFSv4 client tracking for reclaim after a reboot) | cleared |
 //! | `boots/N/` | one directory per boot: `log/SERVICE.log`, `end` (how it ended) | cleared |
 //! | `failed-boots` | boots in a row that missed their deadline | cleared |
+//! | `upgrade/history` | one JSON line per upgrade step: installed, booted, blessed, rolled back, refused | cleared |
 //!
 //! The ZFS pools are not here and a factory reset never touches them.
 
@@ -29,6 +30,10 @@ pub const ROOT_PASSWORD_HASH: &str = "credentials/root.hash";
 pub const NFS: &str = "nfs";
 pub const BOOTS: &str = "boots";
 pub const FAILED_BOOTS: &str = "failed-boots";
+/// The upgrade history: one JSON object per line, oldest first.
+pub const UPGRADE_HISTORY: &str = "upgrade/history";
+/// How many history lines are kept.
+pub const UPGRADE_HISTORY_KEPT: usize = 200;
 /// Written by `nasctl factory-reset`; the next boot formats the partition afresh.
 pub const FACTORY_RESET: &str = "factory-reset";
 /// How many earlier boots keep their logs.

@@ -44,6 +44,33 @@ pub struct Spec {
     pub serial: Serial,
     pub qmp: Option<PathBuf>,
     pub links: Vec<Link>,
+    /// A raw disk image plugged in as a USB stick (see [`usb_stick`]).
+    pub usb: Option<PathBuf>,
+}
+
+/// Makes `out`, a raw image of a FAT-formatted USB stick holding `file` at its top level, as an
+/// operator would carry a bundle (mkfs.vfat and mtools; written whole, then renamed).
+pub fn usb_stick(file: &Path, out: &Path) -> anyhow::Result<()> {
+    let len = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
+    let mib = (len >> 20) + (len >> 24) + 16;
+    let tmp = out.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let name = file.file_name().context("the file has no name")?.to_string_lossy().into_owned();
+    let steps: [(&str, Vec<String>); 2] = [
+        (
+            "mkfs.vfat",
+            vec!["-C".into(), "-n".into(), "NASOS-USB".into(), tmp.display().to_string(), (mib * 1024).to_string()],
+        ),
+        ("mcopy", vec!["-i".into(), tmp.display().to_string(), file.display().to_string(), format!("::{name}")]),
+    ];
+    for (tool, args) in steps {
+        let o = Command::new(tool).args(&args).output().with_context(|| format!("running {tool}"))?;
+        if !o.status.success() {
+            bail!("{tool} {} failed: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+        }
+    }
+    std::fs::rename(&tmp, out)?;
+    Ok(())
 }
 
 /// Makes the twelve bay disks (kept across runs) and the EFI variable store, if missing.
@@ -95,6 +122,12 @@ pub fn command(spec: &Spec) -> Command {
             .arg(format!("stream,id=net{i},server={server},addr.type=unix,addr.path={}", link.socket.display()));
         let mac = port.matcher.mac.clone().unwrap_or_default();
         c.arg("-device").arg(format!("virtio-net-pci,netdev=net{i},mac={mac}"));
+    }
+    // A USB controller, as the real board has, so a stick can be plugged in (also later, by QMP).
+    c.args(["-device", "qemu-xhci,id=xhci"]);
+    if let Some(stick) = &spec.usb {
+        c.arg("-drive").arg(format!("file={},if=none,id=usb0,format=raw,cache=unsafe", stick.display()));
+        c.args(["-device", "usb-storage,bus=xhci.0,drive=usb0,removable=on"]);
     }
     c.args(["-device", "i6300esb", "-action", "watchdog=reset"]);
     match &spec.serial {
@@ -341,6 +374,39 @@ impl Vm {
         line.clear();
         r.read_line(&mut line)?;
         Ok((r, w))
+    }
+
+    /// Plugs a USB stick (a raw image, see [`usb_stick`]) into the running VM, as an operator
+    /// would.
+    pub fn plug_usb(&self, image: &Path) -> anyhow::Result<()> {
+        // A stick an earlier step left plugged in comes out first.
+        if self.qmp("device_del", serde_json::json!({"id": "usbstick0"})).is_ok() {
+            let _ = self.unplug_usb_drive();
+        }
+        let _ = self.qmp("blockdev-del", serde_json::json!({"node-name": "usbstick"}));
+        self.qmp(
+            "blockdev-add",
+            serde_json::json!({"driver": "raw", "node-name": "usbstick", "file": {"driver": "file", "filename": image.display().to_string()}}),
+        )?;
+        self.qmp("device_add", serde_json::json!({"driver": "usb-storage", "id": "usbstick0", "bus": "xhci.0", "drive": "usbstick", "removable": true}))?;
+        Ok(())
+    }
+
+    /// Unplugs the stick [`Vm::plug_usb`] plugged in.
+    pub fn unplug_usb(&self) -> anyhow::Result<()> {
+        self.qmp("device_del", serde_json::json!({"id": "usbstick0"}))?;
+        self.unplug_usb_drive()
+    }
+
+    /// The drive goes once the guest has let go of the device.
+    fn unplug_usb_drive(&self) -> anyhow::Result<()> {
+        for _ in 0..50 {
+            if self.qmp("blockdev-del", serde_json::json!({"node-name": "usbstick"})).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!("the USB stick's drive was not released")
     }
 
     /// Opens a QMP connection that listens for events (QEMU serves one QMP client at a time:

@@ -317,13 +317,9 @@ fn product_image() {
 /// Changing an export redoes only the stages after the plan: the rootfs stays cached.
 fn export_change() {
     let out_s = IMAGE.get().display().to_string();
-    let recipe = std::fs::read_to_string(repo().join("recipes/qemu-dev.toml")).expect("recipe");
-    let changed = recipe.replace("network = \"10.77.0.0/25\"", "network = \"10.77.0.0/26\"");
-    assert_ne!(changed, recipe, "the export to change is not in qemu-dev.toml any more");
-    let copy = dir().join("qemu-dev-export.toml");
-    std::fs::write(&copy, changed).expect("write recipe");
-    std::fs::copy(repo().join("recipes/qemu-dev.toml.lock"), dir().join("qemu-dev-export.toml.lock"))
-        .expect("copy lock");
+    let copy = nasos_tests::recipe_variant(&dir(), "qemu-dev", "qemu-dev-export", |r| {
+        r.replace("network = \"10.77.0.0/25\"", "network = \"10.77.0.0/26\"")
+    });
     let redo = nasos(&["build", &copy.display().to_string(), "--out", &out_s, "--timings"]);
     assert!(redo.stderr.contains("nasos: rootfs     up to date"), "{}", redo.stderr);
     for stage in ["root", "uki", "disk"] {

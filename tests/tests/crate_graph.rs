@@ -8,7 +8,8 @@ use std::process::Command;
 /// Every normal (non-dev) dependency one of our crates may have on another of ours.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("nasos-layout", &[]),
-    ("nasos-board", &["nasos-layout"]),
+    ("nasos-bundle", &["nasos-layout"]),
+    ("nasos-board", &["nasos-layout", "nasos-bundle"]),
     ("nasos-exec", &[]),
     ("nasos-zfs", &["nasos-exec"]),
     ("nasos-dcbnl", &[]),
@@ -16,10 +17,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("nasos-api", &["nasos-layout"]),
     ("nasos-initramfs", &["nasos-layout"]),
     ("nasos-init", &["nasos-layout", "nasos-board", "nasos-api", "nasos-exec"]),
-    ("nasos-services", &["nasos-layout", "nasos-board", "nasos-api", "nasos-exec", "nasos-zfs", "nasos-dcbnl"]),
-    ("nasos-ctl", &["nasos-layout", "nasos-board", "nasos-api", "nasos-exec", "nasos-services"]),
+    (
+        "nasos-services",
+        &["nasos-layout", "nasos-bundle", "nasos-board", "nasos-api", "nasos-exec", "nasos-zfs", "nasos-dcbnl"],
+    ),
+    ("nasos-ctl", &["nasos-layout", "nasos-bundle", "nasos-board", "nasos-api", "nasos-exec", "nasos-services"]),
     ("nasos-qemu", &["nasos-layout", "nasos-board"]),
-    ("nasos-image", &["nasos-layout", "nasos-board", "nasos-qemu"]),
+    ("nasos-image", &["nasos-layout", "nasos-bundle", "nasos-board", "nasos-qemu"]),
     ("nasos-tests", &["nasos-layout", "nasos-board", "nasos-qemu"]),
 ];
 

@@ -28,14 +28,11 @@ fn main() -> ExitCode {
 
 fn build_image() {
     build_binaries();
-    std::fs::create_dir_all(dir()).expect("e2e dir");
-    let recipe = std::fs::read_to_string(repo().join("recipes/qemu-dev.toml")).expect("recipe");
-    let hang = recipe.replace("name = \"qemu-dev\"", "name = \"qemu-hang\"")
-        + "\n[liveness]\nready_deadline_seconds = 45\nfailed_boots_before_staying_up = 2\n"
-        + "\n[debug]\nhang_services = [\"storage\"]\n";
-    let path = dir().join("qemu-hang.toml");
-    std::fs::write(&path, hang).expect("write recipe");
-    std::fs::copy(repo().join("recipes/qemu-dev.toml.lock"), dir().join("qemu-hang.toml.lock")).expect("copy lock");
+    let path = nasos_tests::recipe_variant(&dir(), "qemu-dev", "qemu-hang", |r| {
+        r.replace("name = \"qemu-dev\"", "name = \"qemu-hang\"")
+            + "\n[liveness]\nready_deadline_seconds = 45\nfailed_boots_before_staying_up = 2\n"
+            + "\n[debug]\nhang_services = [\"storage\"]\n"
+    });
     let out = dir().join("qemu-hang");
     nasos(&["build", &path.display().to_string(), "--out", &out.display().to_string()]);
     IMAGE.set(out);

@@ -134,7 +134,15 @@ impl fmt::Display for Plan {
             h.nvme_temperature_warn_celsius, h.pool_capacity_warn_percent, h.check_interval_seconds
         )?;
         writeln!(f, "\nupgrade")?;
-        writeln!(f, "  {} boot tries before the previous slot boots again", self.upgrade.boot_tries)?;
+        let u = &self.upgrade;
+        writeln!(f, "  {} boot tries before the previous slot boots again", u.boot_tries)?;
+        writeln!(f, "  bundles of this image replace {} or later", u.min_version)?;
+        if u.trusted_keys.is_empty() {
+            writeln!(f, "  trusts no upgrade keys: this box takes no upgrades")?;
+        }
+        for k in &u.trusted_keys {
+            writeln!(f, "  trusts key {} ({})", k.id, k.file)?;
+        }
         let l = &self.liveness;
         writeln!(f, "\nliveness")?;
         writeln!(

@@ -267,7 +267,7 @@ impl Plan {
                 pool_capacity_warn_percent: 80,
                 check_interval_seconds: 10,
             },
-            upgrade: UpgradePlan { boot_tries: 3 },
+            upgrade: UpgradePlan { boot_tries: 3, min_version: "0.0.0".into(), trusted_keys: Vec::new() },
             liveness: LivenessPlan { ready_deadline_seconds: 0, failed_boots_before_staying_up: 3 },
             services: Vec::new(),
         }
@@ -307,6 +307,21 @@ pub struct HealthPlan {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpgradePlan {
     pub boot_tries: u32,
+    /// The oldest running version a bundle of this image may replace.
+    pub min_version: String,
+    /// The keys whose bundles this box installs.
+    pub trusted_keys: Vec<TrustedKeyPlan>,
+}
+
+/// A trusted upgrade key, carried into the image (the box has no recipe tree to read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrustedKeyPlan {
+    /// minisign's key id.
+    pub id: String,
+    /// The file it came from, as the recipe names it.
+    pub file: String,
+    /// The key file's text (minisign's `.pub` format).
+    pub key: String,
 }
 
 /// One supervised service.

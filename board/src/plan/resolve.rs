@@ -29,6 +29,8 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         "procps",
         "login",
         "passwd",
+        // veritysetup: an upgrade reads the written slot back through dm-verity's check.
+        "cryptsetup-bin",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -274,7 +276,12 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         datasets,
         nfs,
         health,
-        upgrade: UpgradePlan { boot_tries: r.upgrade.boot_tries },
+        upgrade: UpgradePlan {
+            boot_tries: r.upgrade.boot_tries,
+            min_version: r.upgrade.min_version.clone(),
+            // Filled by `Loaded::plan` from the key files it read.
+            trusted_keys: Vec::new(),
+        },
         liveness: LivenessPlan {
             ready_deadline_seconds: r.liveness.ready_deadline_seconds,
             failed_boots_before_staying_up: r.liveness.failed_boots_before_staying_up,

@@ -95,5 +95,18 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     datasets(&mut c, r);
     nfs(&mut c, r);
     liveness(&mut c, r);
+    upgrade(&mut c, r);
     c.out
+}
+
+/// Checks the trusted upgrade keys a recipe names (their files, read beside it) and returns
+/// them for the plan.
+pub fn trusted_keys(
+    doc: &Document<'_>,
+    r: &Recipe,
+    files: &[crate::KeyFile],
+) -> (Vec<crate::plan::TrustedKeyPlan>, Vec<Diagnostic>) {
+    let mut c = Checker { doc, out: Vec::new() };
+    let keys = sections::trusted_keys(&mut c, r, files);
+    (keys, c.out)
 }

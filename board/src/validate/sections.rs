@@ -490,3 +490,72 @@ pub(super) fn liveness(c: &mut Checker<'_, '_>, r: &Recipe) {
         );
     }
 }
+
+pub(super) fn upgrade(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let p = Path::root().key("upgrade");
+    if !is_version(&r.upgrade.min_version) {
+        c.error(
+            &p.key("min_version"),
+            format!("invalid version `{}`", r.upgrade.min_version),
+            "write it as MAJOR.MINOR.PATCH, e.g. \"1.4.0\"".to_string(),
+        );
+    }
+}
+
+pub(super) fn trusted_keys(
+    c: &mut Checker<'_, '_>,
+    r: &Recipe,
+    files: &[crate::KeyFile],
+) -> Vec<crate::plan::TrustedKeyPlan> {
+    let p = Path::root().key("upgrade").key("trusted_keys");
+    if files.is_empty() && !r.image.development {
+        c.warn(
+            &Path::root().key("upgrade"),
+            "this recipe trusts no upgrade keys: its boxes will refuse every bundle",
+            "make a key pair with `nasos keygen --out DIR` on the release signer and list DIR/NAME.pub in [upgrade] trusted_keys".to_string(),
+        );
+    }
+    let mut keys: Vec<crate::plan::TrustedKeyPlan> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let at = p.index(i);
+        let text = match &f.text {
+            Ok(t) => t,
+            Err(e) => {
+                c.error(
+                    &at,
+                    format!("cannot read the key file {e}"),
+                    "key files are named relative to the recipe's directory, e.g. \"keys/nasos-dev.pub\"".to_string(),
+                );
+                continue;
+            }
+        };
+        let key = match nasos_bundle::trust::TrustedKey::parse(text) {
+            Ok(k) => k,
+            Err(e) => {
+                c.error(
+                    &at,
+                    format!("`{}` is {e}", f.name),
+                    "give the public key file (NAME.pub) that `nasos keygen` or `minisign -G` wrote".to_string(),
+                );
+                continue;
+            }
+        };
+        if f.secret_beside && !r.image.development {
+            c.error(
+                &at,
+                format!("the secret key of `{}` lies beside it: whoever has this tree can sign upgrades for every box of this product", f.name),
+                "trust a key whose secret is kept off the repository (on the release signer); development keys are for development images".to_string(),
+            );
+        }
+        if keys.iter().any(|k| k.id == key.id) {
+            c.error(&at, format!("key {} is listed twice", key.id), "list each key once".to_string());
+            continue;
+        }
+        keys.push(crate::plan::TrustedKeyPlan {
+            id: key.id.clone(),
+            file: f.name.clone(),
+            key: text.trim().to_string() + "\n",
+        });
+    }
+    keys
+}

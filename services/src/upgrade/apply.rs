@@ -1,0 +1,264 @@
+//! `nasctl upgrade apply SOURCE`: installs a signed bundle on the inactive slot.
+//!
+//! The order is what makes it safe to cut the power anywhere:
+//! 1. the manifest's signature, board, version policy and sizes are checked before a byte is
+//!    written;
+//! 2. every ESP entry but the running one is removed (and the ESP synced), so no entry can name
+//!    the slot while it is being overwritten;
+//! 3. the root and its verity tree stream onto the inactive slot while being hashed, and the
+//!    UKI onto the ESP under a name systemd-boot ignores;
+//! 4. after the stream verified, the slot is synced and read back through dm-verity's own check
+//!    (`veritysetup verify`) against the signed root hash;
+//! 5. only then the slot gets the partition UUID the new UKI names (the slot contract) and the
+//!    UKI its entry name with a boot counter, each synced; systemd-boot boots the newest version
+//!    with tries left, so that rename is the one step that makes the new version boot.
+//!
+//! A cut before step 5 leaves the running version the only entry; after it, the new version
+//! is on trial and the old one stays as the fallback.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nasos_bundle::{Kind, Manifest, Payload, Running, TrustedKeys, policy, reader};
+use nasos_layout::entry;
+use nasos_layout::state::State;
+
+use super::esp::{self, Esp};
+use super::history::{self, Event};
+use super::{slots, source};
+use crate::Tool;
+
+pub struct Options {
+    pub source: String,
+    pub allow_downgrade: bool,
+}
+
+/// What was installed.
+pub struct Installed {
+    pub manifest: Manifest,
+    pub slot: &'static str,
+    pub entry: String,
+    pub took: Duration,
+    /// Bytes written to the slot, and how long the stream took.
+    pub slot_bytes: u64,
+    pub stream: Duration,
+}
+
+/// Prints a progress line on the console (nasctl's stdout).
+fn say(line: impl AsRef<str>) {
+    println!("upgrade: {}", line.as_ref());
+    let _ = std::io::stdout().flush();
+}
+
+/// One apply at a time, across nasctl processes.
+fn lock() -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    std::fs::create_dir_all("/run/nasos")?;
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/run/nasos/upgrade.lock")?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| anyhow::anyhow!("another upgrade is running on this box"))
+}
+
+pub fn apply(opts: &Options) -> anyhow::Result<Installed> {
+    let started = Instant::now();
+    let _lock = lock()?;
+    let plan = crate::plan()?;
+    let st = State::mounted();
+    let keys = TrustedKeys::parse(plan.upgrade.trusted_keys.iter().map(|k| k.key.as_str()))
+        .context("the image's trusted keys")?;
+    let disk = slots::discover(Path::new("/sys"), Path::new("/dev")).map_err(anyhow::Error::msg)?;
+    let (Some(running), Some(target)) = (disk.running().cloned(), disk.inactive().cloned()) else {
+        bail!("no inactive slot to install to");
+    };
+    let esp = Esp::mount(&disk.esp)?;
+    let running_entry = running_entry(&esp, &plan.image.version);
+    // Room on the ESP: free space plus what the entries removed below give back.
+    let freed: u64 = esp
+        .entries()
+        .iter()
+        .filter(|(n, _)| Some(n) != running_entry.as_ref())
+        .filter_map(|(n, _)| std::fs::metadata(esp.dir().join(n)).ok())
+        .map(|m| m.len())
+        .sum();
+    let partial = esp.dir().join(esp::PARTIAL);
+    let freed = freed + std::fs::metadata(&partial).map_or(0, |m| m.len());
+    let ctx = Running {
+        image: plan.image.name.clone(),
+        version: plan.image.version.clone(),
+        board: plan.image.board.clone(),
+        slot_bytes: target.bytes,
+        esp_free_bytes: esp.free_bytes() + freed,
+        allow_downgrade: opts.allow_downgrade,
+    };
+    if opts.allow_downgrade {
+        bail!("installing an older version is not supported yet: systemd-boot would keep booting the newer one");
+    }
+
+    let src = source::open(&opts.source)?;
+    say(format!("reading {}{}", src.describe, src.len.map(|l| format!(" ({} MiB)", l >> 20)).unwrap_or_default()));
+    let event = |what: &str, version: &str, detail: String| Event {
+        at: history::now(),
+        event: what.into(),
+        version: version.into(),
+        from: plan.image.version.clone(),
+        slot: target.name.into(),
+        detail,
+    };
+
+    let mut slot_file: Option<std::fs::File> = None;
+    let mut uki_file: Option<std::fs::File> = None;
+    let mut stream_started = Instant::now();
+    let mut slot_bytes = 0u64;
+    let result = reader::read(
+        src.reader,
+        &keys,
+        |h| {
+            let m = &h.manifest;
+            say(format!(
+                "bundle {} {} for {}, signed by key {} ({})",
+                m.image, m.version, m.board, h.signer, h.trusted_comment
+            ));
+            policy::check(m, &ctx)?;
+            // Nothing names the slot while it is overwritten: drop every entry but the running one.
+            prepare(&esp, running_entry.as_deref())
+                .map_err(|e| reader::Error::Sink { kind: "esp", source: std::io::Error::other(format!("{e:#}")) })?;
+            say(format!(
+                "installing {} on slot {} ({}), the running {} stays on slot {}",
+                m.version,
+                target.name,
+                target.device.display(),
+                plan.image.version,
+                running.name
+            ));
+            stream_started = Instant::now();
+            Ok(())
+        },
+        |p: &Payload, r: &mut dyn Read| -> std::io::Result<()> {
+            match p.kind {
+                Kind::Uki => {
+                    let f = uki_file.insert(std::fs::File::create(&partial)?);
+                    copy(r, f, p, "kernel image")?;
+                    f.sync_all()
+                }
+                Kind::Root | Kind::Verity => {
+                    if slot_file.is_none() {
+                        // O_EXCL: a slot the kernel is using (mounted, mapped) is refused.
+                        let f = std::fs::OpenOptions::new()
+                            .write(true)
+                            .custom_flags(nix::fcntl::OFlag::O_EXCL.bits())
+                            .open(&target.device)?;
+                        slot_file = Some(f);
+                    }
+                    let Some(f) = slot_file.as_mut() else { return Err(std::io::Error::other("no slot")) };
+                    let at = if p.kind == Kind::Root { 0 } else { slot_bytes };
+                    f.seek(SeekFrom::Start(at))?;
+                    copy(r, f, p, if p.kind == Kind::Root { "root filesystem" } else { "verity tree" })?;
+                    slot_bytes += p.size;
+                    Ok(())
+                }
+            }
+        },
+    );
+    let header = match result {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            // Refused: the sink never ran, so not a byte reached the slot or the ESP.
+            let what = if uki_file.is_none() && slot_file.is_none() { "refused" } else { "failed" };
+            let _ = history::record(&st, &event(what, "", e.to_string()));
+            return Err(anyhow::Error::new(e).context(if what == "refused" {
+                "the bundle was refused; nothing was written"
+            } else {
+                "the upgrade failed; the running version stays the one that boots"
+            }));
+        }
+    };
+    let m = header.manifest;
+    let fail = |e: anyhow::Error| {
+        let _ = std::fs::remove_file(&partial);
+        let _ = history::record(&st, &event("failed", &m.version, format!("{e:#}")));
+        e.context("the upgrade failed; the running version stays the one that boots")
+    };
+    if let Some(f) = slot_file.take() {
+        f.sync_all().context("syncing the slot").map_err(fail)?;
+    }
+    // The write phase as a plain `dd … conv=fsync` would be timed: until the slot is durable.
+    let stream = stream_started.elapsed();
+    say(format!(
+        "{} MiB written in {:.1}s ({:.1} MiB/s); checking the slot against its verity tree",
+        slot_bytes >> 20,
+        stream.as_secs_f64(),
+        (slot_bytes as f64 / 1048576.0) / stream.as_secs_f64().max(0.001)
+    ));
+    verify_slot(&target.device, &m).map_err(fail)?;
+    let uuid = nasos_layout::slot::root_partuuid(m.root_hash()).context("the root hash names no UUID").map_err(fail)?;
+    slots::set_partuuid(&disk.device, target.number, &uuid).map_err(fail)?;
+    let name = entry::counted(&m.version, plan.upgrade.boot_tries);
+    std::fs::rename(&partial, esp.dir().join(&name)).context("naming the new boot entry").map_err(fail)?;
+    esp.sync().map_err(fail)?;
+    let _ = history::record(&st, &event("installed", &m.version, format!("from {}; entry {name}", src.describe)));
+    say(format!(
+        "{} {} installed on slot {} (entry {name}, {} tries); it boots next, and {} stays the fallback",
+        m.image, m.version, target.name, plan.upgrade.boot_tries, plan.image.version
+    ));
+    Ok(Installed { manifest: m, slot: target.name, entry: name, took: started.elapsed(), slot_bytes, stream })
+}
+
+/// The running version's entry on the ESP (blessed or on trial).
+fn running_entry(esp: &Esp, version: &str) -> Option<String> {
+    esp.entries().into_iter().find(|(_, e)| e.version == version).map(|(n, _)| n)
+}
+
+/// Removes every nasos entry but the running one, and any partial UKI, then syncs.
+fn prepare(esp: &Esp, keep: Option<&str>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(esp.dir())?;
+    for (name, _) in esp.entries() {
+        if Some(name.as_str()) != keep {
+            say(format!("removing the old entry {name} (its slot is about to be overwritten)"));
+            std::fs::remove_file(esp.dir().join(&name)).with_context(|| format!("removing {name}"))?;
+        }
+    }
+    let _ = std::fs::remove_file(esp.dir().join(esp::PARTIAL));
+    esp.sync()
+}
+
+/// Copies one payload with progress lines every tenth.
+fn copy(r: &mut dyn Read, w: &mut impl Write, p: &Payload, what: &str) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 4 << 20];
+    let (mut done, mut next) = (0u64, p.size / 10);
+    let t = Instant::now();
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        w.write_all(&buf[..n])?;
+        done += n as u64;
+        if p.size >= (16 << 20) && done >= next && done < p.size {
+            say(format!(
+                "{what} {}% ({} of {} MiB, {:.1} MiB/s)",
+                done * 100 / p.size,
+                done >> 20,
+                p.size >> 20,
+                (done as f64 / 1048576.0) / t.elapsed().as_secs_f64().max(0.001)
+            ));
+            next += p.size / 10;
+        }
+    }
+}
+
+/// Reads the whole slot back through dm-verity's check: every data block against the tree, the
+/// tree against the signed root hash.
+fn verify_slot(dev: &Path, m: &Manifest) -> anyhow::Result<()> {
+    let v = m.verity()?;
+    let d = dev.display().to_string();
+    Tool::new("veritysetup")
+        .args(["verify", &d, &d, &v.root_hash])
+        .arg(format!("--hash-offset={}", v.hash_offset))
+        .timeout(Duration::from_secs(1800))
+        .run()
+        .with_context(|| format!("the slot {d} does not verify against root hash {}", v.root_hash))?;
+    Ok(())
+}
