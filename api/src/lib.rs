@@ -190,6 +190,12 @@ impl Client {
         self.call("DebugFreeze", &()).await
     }
 
+    /// Development images only: reboots, and hangs the shutdown before the filesystems are
+    /// synced, so the hardware watchdog must end it.
+    pub async fn debug_hang_shutdown(&self) -> Result<(), ClientError> {
+        self.call("DebugHangShutdown", &()).await
+    }
+
     /// Stops every service and powers off, reboots or halts. A connection that drops after the
     /// request was sent counts as success: the machine may well be gone before the reply.
     pub async fn shutdown(&self, kind: ShutdownKind) -> Result<(), ClientError> {

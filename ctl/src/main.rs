@@ -102,9 +102,18 @@ enum Debug {
     /// Stop nasinit's event loop, as a hung PID 1 would: the hardware watchdog must reset the
     /// box. Refused on a non-development image.
     Freeze,
+    /// Reboot, and hang the shutdown after the services stopped, before the filesystems are
+    /// synced: the hardware watchdog must end it. Refused on a non-development image.
+    HangShutdown,
 }
 
 fn main() -> ExitCode {
+    // `nasctl logs storage | head` ends quietly when head has read enough, as other commands
+    // do, instead of panicking on a closed pipe (Rust ignores SIGPIPE by default).
+    // SAFETY: no other thread exists yet, and the default disposition installs no handler.
+    unsafe {
+        let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl);
+    }
     let args = Args::parse();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -219,6 +228,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             println!("{:<12} {:>9} {:>9}", "appliance", "", secs(s.ready_ms));
         }
         Command::FactoryReset => factory_reset(&client).await?,
+        Command::Debug { what: Debug::HangShutdown } => {
+            client.debug_hang_shutdown().await?;
+            println!("rebooting; the shutdown will hang before the sync, and the watchdog resets the box");
+        }
         Command::Debug { what: Debug::Freeze } => {
             client.debug_freeze().await?;
             println!("nasinit's loop is frozen; the watchdog resets the box when its timeout passes");

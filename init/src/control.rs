@@ -72,6 +72,10 @@ impl Control {
         self.ask(Request::Freeze).await?.map_err(fdo::Error::AccessDenied)
     }
 
+    async fn debug_hang_shutdown(&self) -> fdo::Result<()> {
+        self.ask(Request::HangShutdown).await?.map_err(fdo::Error::AccessDenied)
+    }
+
     async fn shutdown(&self, kind: String) -> fdo::Result<()> {
         let kind = ShutdownKind::parse(&kind)
             .ok_or_else(|| invalid(format!("unknown shutdown `{kind}`: use poweroff, reboot or halt")))?;

@@ -46,6 +46,7 @@ pub fn finish(
     console: &Console,
     record: Option<(&State, u64)>,
     mut watchdog: Option<&mut Watchdog>,
+    hang: bool,
 ) -> ! {
     if let Some(w) = watchdog.as_deref_mut() {
         w.feed();
@@ -56,6 +57,14 @@ pub fn finish(
     console.say("sending SIGKILL to remaining processes");
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
     reap_until_gone(Duration::from_secs(2));
+    if hang {
+        // `nasctl debug hang-shutdown`: a sync that never returns, as on a wedged device. The
+        // watchdog was fed once above and is fed no more, so it resets the box.
+        console.say("debug hang-shutdown: this shutdown hangs now, before the sync; the watchdog will reset the box");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
     if let Some((st, boot)) = record {
         let end = end.unwrap_or(match kind {
             ShutdownKind::Poweroff => BootEnd::Poweroff,

@@ -43,6 +43,9 @@ pub enum Request {
     Shutdown(ShutdownKind, oneshot::Sender<()>),
     /// Development images only: stop the event loop, as a hung PID 1 would.
     Freeze(oneshot::Sender<Result<(), String>>),
+    /// Development images only: reboot, and hang the shutdown after the services stopped,
+    /// before the filesystems are synced (as a wedged device would).
+    HangShutdown(oneshot::Sender<Result<(), String>>),
 }
 
 /// What the per-service I/O tasks report.
@@ -84,6 +87,7 @@ pub struct Supervisor {
     console: Console,
     events: mpsc::Sender<Event>,
     frozen: bool,
+    hang_shutdown: bool,
     end: Option<nasos_layout::state::BootEnd>,
 }
 
@@ -124,6 +128,7 @@ impl Supervisor {
             console,
             events,
             frozen: false,
+            hang_shutdown: false,
             end: None,
         };
         sup.perform();
@@ -339,6 +344,16 @@ impl Supervisor {
                 };
                 let _ = tx.send(r);
             }
+            Request::HangShutdown(tx) => {
+                let r = if self.plan.image.development {
+                    self.hang_shutdown = true;
+                    self.core.begin_shutdown(ShutdownKind::Reboot, now);
+                    Ok(())
+                } else {
+                    Err("refused: debug hang-shutdown is a fault injection for development images only".to_string())
+                };
+                let _ = tx.send(r);
+            }
         }
         self.perform();
     }
@@ -427,6 +442,11 @@ impl Supervisor {
     }
 
     /// Whether a debug freeze was asked for (the loop then stops).
+    /// Whether the shutdown is to hang (a development-only fault injection).
+    pub fn hang_shutdown(&self) -> bool {
+        self.hang_shutdown
+    }
+
     pub fn frozen(&self) -> bool {
         self.frozen
     }

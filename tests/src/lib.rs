@@ -88,7 +88,15 @@ pub fn boot(dir: &Path, base: &Path, tag: &str, memory_mib: u32, link: Link, pre
     let _ = std::fs::remove_dir_all(&state);
     std::fs::create_dir_all(&state).expect("state dir");
     prepare(&state);
-    let disk = overlay(base, &state.join("run.qcow2"));
+    overlay(base, &state.join("run.qcow2"));
+    boot_again(dir, tag, memory_mib, link)
+}
+
+/// Boots the VM of `tag` again on the disk, bays and EFI variables it has (after a power cut,
+/// say): what was written before stays.
+pub fn boot_again(dir: &Path, tag: &str, memory_mib: u32, link: Link) -> Vm {
+    let state = dir.join(format!("vm-{tag}"));
+    let disk = state.join("run.qcow2");
     let spec = Spec {
         board: board("qemu-q35"),
         disk,

@@ -53,6 +53,7 @@ fn main() -> ExitCode {
     s.check("boot::services_say_what_the_twin_board_cannot_apply", services_say);
     s.check("liveness::the_watchdog_resets_a_frozen_pid1", watchdog_resets_a_frozen_pid1);
     s.check("liveness::a_kernel_panic_is_recorded_from_pstore", kernel_panic);
+    s.check("liveness::a_stuck_shutdown_ends_in_a_watchdog_reset", stuck_shutdown);
     s.check("boot::poweroff_ends_qemu_cleanly", poweroff);
     s.check("storage::a_foreign_bay_is_refused_and_left_untouched", foreign_bay);
     s.check("state::a_state_partition_holding_something_else_is_refused", foreign_state);
@@ -189,6 +190,30 @@ fn kernel_panic() {
         vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
         let kept = ok(vm, "cat /var/lib/nasos/boots/*/pstore/* 2>/dev/null | grep -c 'sysrq' || true");
         assert!(kept.trim().parse::<u32>().unwrap_or(0) > 0, "the panic's log was not kept: {kept}");
+    });
+}
+
+/// A shutdown that hangs after the services stopped (a development-only fault: the sync never
+/// returns, as on a wedged device) ends in a reset within the watchdog's timeout, because PID 1
+/// feeds it once as the shutdown begins and disarms it only after the sync.
+fn stuck_shutdown() {
+    DEV.with(|vm| {
+        let mut events = vm.qmp_events().expect("QMP");
+        vm.send_line("nasctl debug hang-shutdown").expect("hang");
+        vm.expect_new_shell();
+        vm.wait_for("nasinit: debug hang-shutdown: this shutdown hangs now", Duration::from_secs(120))
+            .expect("the shutdown hangs");
+        let t = Instant::now();
+        let fired = events.wait("WATCHDOG", Duration::from_secs(240)).expect("the watchdog ends the stuck shutdown");
+        let after = t.elapsed().as_secs_f64();
+        eprintln!("watchdog fired {after:.1}s after the shutdown hung: {fired}");
+        assert!(after < 45.0, "the stuck shutdown lasted {after:.1}s, past the 30 s watchdog");
+        drop(events);
+        let said =
+            vm.wait_for("nasinit: the last boot ended: ", Duration::from_secs(300)).expect("the next boot says why");
+        assert!(said.ends_with("hardware watchdog reset"), "{said}");
+        vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
+        vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
     });
 }
 

@@ -85,7 +85,10 @@ fn login_with_it() {
         vm.send_line("nasos-factory").expect("password");
         vm.wait_for("Login incorrect", Duration::from_secs(60)).expect("a wrong password is refused");
         login(vm, PASSWORD);
-        let status = ok(vm, "nasctl status");
+        // The pool is made while the operator sets the password: let the first boot finish
+        // before the checks below reboot it (a reboot in the middle of pool creation leaves
+        // disks that the next boot rightly refuses to create over).
+        let status = poll(vm, "nasctl status", "— ready", Duration::from_secs(300));
         assert!(status.contains("qemu-prod 0.1.0 on nasos-prod"), "{status}");
         let kept = ok(vm, "stat -c '%a %U' /var/lib/nasos/credentials/root.hash");
         assert_eq!(kept.trim(), "600 root", "{kept}");
@@ -99,8 +102,10 @@ fn after_reboot() {
         vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
         let seen = vm.console_lines().len();
         login(vm, PASSWORD);
-        let status = ok(vm, "nasctl status");
+        let status = poll(vm, "nasctl status", "— ready", Duration::from_secs(300));
         assert!(status.contains("last boot ended: clean reboot"), "{status}");
+        let storage = ok(vm, "nasctl logs storage");
+        assert!(storage.contains("tank: imported from its bays"), "the pool was not imported: {storage}");
         let asked = vm.console_lines()[seen..].iter().any(|l| l.contains("no root password yet"));
         assert!(!asked, "the prompt came back after a reboot");
     });

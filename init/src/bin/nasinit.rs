@@ -184,9 +184,10 @@ fn pid1(t0: Instant) -> ! {
         match run(opts.clone(), t0, console.clone(), watchdog.as_mut()) {
             Ok((kind, sup)) => {
                 let end = sup.end();
+                let hang = sup.hang_shutdown();
                 // Close the service logs: the state partition must unmount cleanly.
                 drop(sup);
-                finish::finish(kind, end, &console, Some((&brought.state, brought.boot)), watchdog.as_mut())
+                finish::finish(kind, end, &console, Some((&brought.state, brought.boot)), watchdog.as_mut(), hang)
             }
             Err(e) => {
                 console.say(&format!("event loop failed: {e}; retrying in 5s"));
