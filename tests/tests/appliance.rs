@@ -157,19 +157,10 @@ fn watchdog_resets_a_frozen_pid1() {
     DEV.with(|vm| {
         let armed = ok(vm, "dmesg | grep 'nasinit: watchdog' || true");
         assert!(armed.contains("armed, timeout 30s, fed by nasinit"), "{armed}");
-        let mut events = vm.qmp_events().expect("QMP");
+        let events = vm.qmp_events().expect("QMP");
         vm.send_line("nasctl debug freeze").expect("freeze");
         vm.expect_new_shell();
-        let t = Instant::now();
-        let fired = events.wait("WATCHDOG", Duration::from_secs(240)).expect("the watchdog fires");
-        eprintln!("watchdog fired {:.1}s after the freeze: {fired}", t.elapsed().as_secs_f64());
-        assert_eq!(fired["data"]["action"], "reset", "{fired}");
-        drop(events);
-        let said =
-            vm.wait_for("nasinit: the last boot ended: ", Duration::from_secs(300)).expect("the next boot says why");
-        assert!(said.ends_with("hardware watchdog reset"), "{said}");
-        vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
-        vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        watchdog_reset_and_back(vm, events, "the freeze");
         let status = status_json(vm);
         assert_eq!(status["last_boot"], "hardware watchdog reset", "{status}");
         assert_eq!(status["boot"], 2, "{status}");
@@ -198,23 +189,30 @@ fn kernel_panic() {
 /// feeds it once as the shutdown begins and disarms it only after the sync.
 fn stuck_shutdown() {
     DEV.with(|vm| {
-        let mut events = vm.qmp_events().expect("QMP");
+        let events = vm.qmp_events().expect("QMP");
         vm.send_line("nasctl debug hang-shutdown").expect("hang");
         vm.expect_new_shell();
         vm.wait_for("nasinit: debug hang-shutdown: this shutdown hangs now", Duration::from_secs(120))
             .expect("the shutdown hangs");
-        let t = Instant::now();
-        let fired = events.wait("WATCHDOG", Duration::from_secs(240)).expect("the watchdog ends the stuck shutdown");
-        let after = t.elapsed().as_secs_f64();
-        eprintln!("watchdog fired {after:.1}s after the shutdown hung: {fired}");
+        let after = watchdog_reset_and_back(vm, events, "the shutdown hung");
         assert!(after < 45.0, "the stuck shutdown lasted {after:.1}s, past the 30 s watchdog");
-        drop(events);
-        let said =
-            vm.wait_for("nasinit: the last boot ended: ", Duration::from_secs(300)).expect("the next boot says why");
-        assert!(said.ends_with("hardware watchdog reset"), "{said}");
-        vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
-        vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
     });
+}
+
+/// Waits for QMP's WATCHDOG event (a reset), then for the next boot to say so and be ready;
+/// returns the seconds from the call to the event.
+fn watchdog_reset_and_back(vm: &mut Vm, mut events: nasos_qemu::QmpEvents, since: &str) -> f64 {
+    let t = Instant::now();
+    let fired = events.wait("WATCHDOG", Duration::from_secs(240)).expect("the watchdog fires");
+    let after = t.elapsed().as_secs_f64();
+    eprintln!("watchdog fired {after:.1}s after {since}: {fired}");
+    assert_eq!(fired["data"]["action"], "reset", "{fired}");
+    drop(events);
+    let said = vm.wait_for("nasinit: the last boot ended: ", Duration::from_secs(300)).expect("the next boot says why");
+    assert!(said.ends_with("hardware watchdog reset"), "{said}");
+    vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
+    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    after
 }
 
 fn poweroff() {
