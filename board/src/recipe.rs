@@ -502,10 +502,40 @@ pub struct Health {
     #[serde(default = "default_capacity")]
     #[schemars(range(min = 50, max = 99))]
     pub pool_capacity_warn_percent: u32,
-    /// How often health checks run, in seconds.
+    /// How often health checks run, in seconds (ZFS events and pulled drives are seen at once).
     #[serde(default = "default_interval")]
     #[schemars(range(min = 1, max = 3600))]
     pub check_interval_seconds: u32,
+    /// Warn when an NVMe drive's available spare falls under this, in percent.
+    #[serde(default = "default_spare")]
+    #[schemars(range(min = 1, max = 100))]
+    pub nvme_spare_warn_percent: u32,
+    /// Warn when an NVMe drive has used this much of its rated endurance, in percent.
+    #[serde(default = "default_wear")]
+    #[schemars(range(min = 1, max = 255))]
+    pub nvme_wear_warn_percent: u32,
+    /// Warn when the CPU (k10temp Tctl on EPYC) is hotter than this, in °C.
+    #[serde(default = "default_cpu_temp")]
+    #[schemars(range(min = 40, max = 110))]
+    pub cpu_temperature_warn_celsius: u32,
+    /// Send every alert to these syslog receivers (RFC 5424), e.g. `"udp://10.0.0.5:514"` or
+    /// `"tcp://10.0.0.5:601"`; addresses are IP literals (the box resolves no names).
+    #[serde(default)]
+    pub syslog: Vec<String>,
+    /// Serve Prometheus metrics here: one of the box's own addresses and a port, e.g.
+    /// `{ address = "10.77.0.1", port = 9100 }`. Nothing listens when it is not set.
+    #[serde(default)]
+    pub metrics: Option<MetricsEndpoint>,
+}
+
+/// Where the metrics endpoint listens.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsEndpoint {
+    /// One of the addresses of `[[network.links]]` (without its prefix length).
+    pub address: String,
+    #[serde(default = "default_metrics_port")]
+    pub port: u16,
 }
 
 impl Default for Health {
@@ -515,8 +545,26 @@ impl Default for Health {
             nvme_temperature_warn_celsius: default_temp(),
             pool_capacity_warn_percent: default_capacity(),
             check_interval_seconds: default_interval(),
+            nvme_spare_warn_percent: default_spare(),
+            nvme_wear_warn_percent: default_wear(),
+            cpu_temperature_warn_celsius: default_cpu_temp(),
+            syslog: Vec::new(),
+            metrics: None,
         }
     }
+}
+
+fn default_spare() -> u32 {
+    10
+}
+fn default_wear() -> u32 {
+    90
+}
+fn default_cpu_temp() -> u32 {
+    90
+}
+fn default_metrics_port() -> u16 {
+    9100
 }
 
 fn default_watchdog() -> u32 {

@@ -63,6 +63,16 @@ enum Command {
     Exports,
     /// Fabric links: state, addresses, RDMA ports and RoCE v2 GIDs, DCB as the NIC runs it.
     Fabric,
+    /// After a drive was swapped in BAY: resilver the bay's pool member onto the new (blank)
+    /// disk, or bring the same disk back online. A disk holding anything else is refused.
+    Replace { bay: String },
+    /// Health: every check that is not ok, what this machine cannot check, and recent alerts
+    /// (kept across reboots).
+    Health {
+        /// How many recent alerts to show.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        alerts: usize,
+    },
     /// Field upgrades: install a signed bundle on the inactive slot, or show both slots.
     Upgrade {
         #[command(subcommand)]
@@ -147,6 +157,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Pools => return show_pools(json),
         Command::Exports => return show_exports(json),
         Command::Fabric => return show_fabric(json),
+        Command::Health { alerts } => return show_health(json, alerts),
+        Command::Replace { bay } => {
+            println!("{}", nasos_services::storage::replace(&bay)?);
+            return Ok(());
+        }
         Command::Logs { name, lines, boot: Some(back), .. } => return show_old_log(&name, lines, back),
         Command::Boots => return show_boots(json),
         Command::Upgrade { what: Upgrade::Status } => return show_upgrade(json),
@@ -241,7 +256,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             client.shutdown(ShutdownKind::Reboot).await?;
         }
         // Answered above, before connecting.
-        Command::Pools | Command::Exports | Command::Fabric | Command::Boots | Command::Upgrade { .. } => {}
+        Command::Pools
+        | Command::Exports
+        | Command::Fabric
+        | Command::Health { .. }
+        | Command::Replace { .. }
+        | Command::Boots
+        | Command::Upgrade { .. } => {}
         Command::Reboot => client.shutdown(ShutdownKind::Reboot).await?,
         Command::Poweroff => client.shutdown(ShutdownKind::Poweroff).await?,
         Command::Halt => client.shutdown(ShutdownKind::Halt).await?,
@@ -257,6 +278,48 @@ fn apply_upgrade(source: &str) -> anyhow::Result<()> {
         done.took.as_secs_f64(),
         done.manifest.version
     );
+    Ok(())
+}
+
+fn show_health(json: bool, n: usize) -> anyhow::Result<()> {
+    use nasos_services::health;
+    let report = health::report();
+    let all = health::history(&State::mounted());
+    let recent = &all[all.len().saturating_sub(n)..];
+    if json {
+        #[derive(Serialize)]
+        struct Health<'a> {
+            report: &'a Option<health::alerts::Report>,
+            alerts: &'a [health::alerts::Alert],
+        }
+        return print(&Health { report: &report, alerts: recent });
+    }
+    match &report {
+        None => println!("health: no report yet (the health service has not run a check this boot)"),
+        Some(r) => {
+            println!(
+                "health: {} — {} not ok, {} ok (checked {} UTC)",
+                r.overall.to_string().to_uppercase(),
+                r.checks.len(),
+                r.ok,
+                utc(r.at)
+            );
+            for c in &r.checks {
+                println!("  {:<9} {}", c.severity.to_string().to_uppercase(), c.message);
+            }
+            for u in &r.unchecked {
+                println!("  not checked: {u}");
+            }
+        }
+    }
+    if recent.is_empty() {
+        println!("no alerts recorded");
+    } else {
+        println!("recent alerts (of {} kept):", all.len());
+        for a in recent {
+            println!("  {}  {}", utc(a.at), a.line());
+        }
+    }
     Ok(())
 }
 
@@ -432,6 +495,9 @@ fn show_pools(json: bool) -> anyhow::Result<()> {
             gib(p.free),
             p.errors
         );
+        if let Some(s) = &p.scan {
+            println!("  {} in progress: {:.1}% done", s.function, s.percent);
+        }
         for m in &p.members {
             println!("  {:<8} {:<10} {:<8} errors {}", m.disk, m.group, m.state, m.errors);
         }

@@ -13,7 +13,13 @@ pub enum Content {
     /// No signature blkid knows (exit status 2).
     Blank,
     /// A filesystem or other signature (`TYPE`), maybe labelled, or a partition table.
-    Found { kind: String, label: Option<String>, partition_table: Option<String> },
+    Found {
+        kind: String,
+        label: Option<String>,
+        /// The signature's UUID: for a ZFS member, its pool's GUID (in decimal).
+        uuid: Option<String>,
+        partition_table: Option<String>,
+    },
 }
 
 impl Content {
@@ -21,7 +27,7 @@ impl Content {
     pub fn describe(&self) -> String {
         match self {
             Content::Blank => "nothing blkid recognises".to_string(),
-            Content::Found { kind, label, partition_table } => {
+            Content::Found { kind, label, partition_table, .. } => {
                 if kind.is_empty() {
                     format!("a {} partition table", partition_table.as_deref().unwrap_or("unknown"))
                 } else {
@@ -44,6 +50,7 @@ pub fn parse_export(output: &str) -> Option<Content> {
     Some(Content::Found {
         kind: kind.unwrap_or_default(),
         label: kv.get("LABEL").map(|s| s.to_string()),
+        uuid: kv.get("UUID").map(|s| s.to_string()),
         partition_table: pt,
     })
 }

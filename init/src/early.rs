@@ -93,83 +93,30 @@ pub fn set_hostname(name: &str, console: &Console) {
     }
 }
 
-/// Creates `/dev/disk/by-bay/BAYnn` for every bay whose drive is present. Returns the bays found.
-pub fn link_bays(bays: &[BayPlan], console: &Console) -> Vec<String> {
-    let found = find_bays(Path::new("/sys"), bays);
-    let _ = fs::create_dir_all(BAY_DIR);
-    let mut linked = Vec::new();
-    for (bay, dev) in &found {
-        let link = Path::new(BAY_DIR).join(bay);
-        let _ = fs::remove_file(&link);
-        match std::os::unix::fs::symlink(Path::new("/dev").join(dev), &link) {
-            Ok(()) => linked.push(bay.clone()),
-            Err(e) => console.say(&format!("cannot link {}: {e}", link.display())),
-        }
-        // Partitions as udev names them (BAY01-part1): ZFS looks for its label there.
-        for (n, part) in partitions(Path::new("/sys"), dev) {
-            let link = Path::new(BAY_DIR).join(format!("{bay}-part{n}"));
-            let _ = fs::remove_file(&link);
-            let _ = std::os::unix::fs::symlink(Path::new("/dev").join(part), &link);
-        }
-    }
-    linked
+/// The bays whose drive udev has named (`/dev/disk/by-bay/BAYnn`, made by the plan's rules, see
+/// `nasos_board::plan::udev`). `dir` is normally [`BAY_DIR`].
+pub fn present_bays(dir: &Path, bays: &[BayPlan]) -> Vec<String> {
+    bays.iter().filter(|b| dir.join(&b.name).exists()).map(|b| b.name.clone()).collect()
 }
 
-/// Maps bays to NVMe block devices (`nvme3n1`) by controller serial or PCI address, from sysfs.
-/// Kernel numbering is never trusted: it does not follow bay order.
-pub fn find_bays(sys: &Path, bays: &[BayPlan]) -> Vec<(String, String)> {
-    let Ok(entries) = fs::read_dir(sys.join("block")) else { return Vec::new() };
-    let mut disks: Vec<(String, Option<String>, Vec<String>)> = Vec::new();
-    for e in entries.flatten() {
-        let dev = e.file_name().to_string_lossy().into_owned();
-        // Whole namespaces only: nvme0n1, not nvme0n1p1 nor the hidden multipath nvme0c0n1.
-        let is_ns = dev.starts_with("nvme") && dev.contains('n') && !dev.contains('p') && !dev[4..].contains('c');
-        if !is_ns {
-            continue;
-        }
-        let device = e.path().join("device");
-        let serial = read_trim(&device.join("serial"));
-        let mut addresses: Vec<String> = read_trim(&device.join("address")).into_iter().collect();
-        // With native multipath, `device` is the subsystem; its controllers carry the addresses.
-        for ctrl in fs::read_dir(&device).into_iter().flatten().flatten() {
-            let name = ctrl.file_name().to_string_lossy().into_owned();
-            if name.starts_with("nvme") && name[4..].chars().all(|c| c.is_ascii_digit()) {
-                addresses.extend(read_trim(&ctrl.path().join("address")));
-            }
-        }
-        disks.push((dev, serial, addresses));
+/// Waits until udev has named every bay of the plan, at most `wait`, after the events queued so
+/// far are handled. Returns the bays present. Empty bays are not an error: they just take the wait.
+pub fn wait_for_bays(bays: &[BayPlan], wait: std::time::Duration) -> Vec<String> {
+    if let Err(e) = nasos_exec::Tool::new("/usr/bin/udevadm")
+        .args(["settle", "--timeout=30"])
+        .timeout(std::time::Duration::from_secs(40))
+        .run()
+    {
+        println!("{e}");
     }
-    disks.sort();
-    let mut out = Vec::new();
-    for bay in bays {
-        let hit = disks.iter().find(|(_, serial, addrs)| {
-            bay.matcher.serial.as_ref().is_some_and(|s| serial.as_ref() == Some(s))
-                || bay.matcher.pci.as_ref().is_some_and(|p| addrs.contains(p))
-        });
-        if let Some((dev, _, _)) = hit {
-            out.push((bay.name.clone(), dev.clone()));
+    let t = std::time::Instant::now();
+    loop {
+        let present = present_bays(Path::new(BAY_DIR), bays);
+        if present.len() == bays.len() || t.elapsed() >= wait {
+            return present;
         }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    out
-}
-
-/// The partitions of a block device: (number, device name).
-pub fn partitions(sys: &Path, dev: &str) -> Vec<(u32, String)> {
-    let mut out: Vec<(u32, String)> = fs::read_dir(sys.join("block").join(dev))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let n = read_trim(&e.path().join("partition"))?.parse().ok()?;
-            Some((n, e.file_name().to_string_lossy().into_owned()))
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-fn read_trim(p: &Path) -> Option<String> {
-    fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 /// The directory for runtime state: /run/nasinit as PID 1.
@@ -197,39 +144,19 @@ mod tests {
     }
 
     #[test]
-    fn bays_are_found_by_serial_and_by_pci_address_not_by_kernel_order() {
-        let sys = std::env::temp_dir().join(format!("nasinit-sys-{}", std::process::id()));
-        let mk = |dev: &str, files: &[(&str, &str)]| {
-            let d = sys.join("block").join(dev).join("device");
-            fs::create_dir_all(&d).expect("dir");
-            for (rel, text) in files {
-                let p = d.join(rel);
-                fs::create_dir_all(p.parent().expect("parent")).expect("dir");
-                fs::write(p, text).expect("write");
-            }
-        };
-        // Kernel order deliberately differs from bay order.
-        mk("nvme0n1", &[("serial", "BAY02  \n"), ("address", "0000:42:00.0\n")]);
-        mk("nvme1n1", &[("serial", "BAY01\n"), ("address", "0000:41:00.0\n")]);
-        // Native multipath: the head's device is the subsystem; the address is on its controller.
-        mk("nvme2n1", &[("serial", "S5XYZ\n"), ("nvme3/address", "0000:43:00.0\n")]);
-        mk("nvme1n1p1", &[("serial", "BAY01\n")]);
-        mk("nvme2c2n1", &[("serial", "S5XYZ\n")]);
+    fn a_bay_is_present_when_udev_named_it() {
+        let dir = std::env::temp_dir().join(format!("nasos-bays-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        std::os::unix::fs::symlink("/dev/null", dir.join("BAY02")).expect("link");
+        // A link whose device is gone (udev drops it on removal; this guards against leftovers).
+        std::os::unix::fs::symlink("/nonexistent/nvme9n1", dir.join("BAY03")).expect("link");
         let bays = [
             bay("BAY01", Some("BAY01"), None),
             bay("BAY02", Some("BAY02"), None),
             bay("BAY03", None, Some("0000:43:00.0")),
-            bay("BAY04", Some("BAY04"), None),
         ];
-        let found = find_bays(&sys, &bays);
-        assert_eq!(
-            found,
-            vec![
-                ("BAY01".to_string(), "nvme1n1".to_string()),
-                ("BAY02".to_string(), "nvme0n1".to_string()),
-                ("BAY03".to_string(), "nvme2n1".to_string()),
-            ]
-        );
-        fs::remove_dir_all(&sys).expect("cleanup");
+        assert_eq!(present_bays(&dir, &bays), vec!["BAY02".to_string()]);
+        fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

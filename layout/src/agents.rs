@@ -52,9 +52,9 @@ pub const HEALTH: Agent = Agent { binary: "nasos-health", path: "/usr/lib/nasos/
 pub const UPGRADE: Agent = Agent { binary: "nasos-upgrade", path: "/usr/lib/nasos/nasos-upgrade", verbs: &["bless"] };
 
 /// nasinit's verbs that the service graph and the agents run: load the plan's modules (the
-/// `modules` service), link /dev/disk/by-bay again (storage, after partitioning a new pool).
+/// `modules` service), wait for udev to name the bays again (storage, after partitioning a new pool).
 pub const NASINIT_LOAD_MODULES: &str = "load-modules";
-pub const NASINIT_LINK_BAYS: &str = "link-bays";
+pub const NASINIT_WAIT_BAYS: &str = "wait-bays";
 /// The console service's first step on a box whose recipe has no password: ask for root's on
 /// the first boot, keep it, then exec the getty.
 pub const NASINIT_CONSOLE: &str = "console";

@@ -12,8 +12,12 @@ pub const AGENT_DIR: &str = "/usr/lib/nasos";
 pub const OS_RELEASE: &str = "/usr/lib/nasos/os-release";
 /// Datasets are mounted below this tmpfs, since the root filesystem is read-only.
 pub const EXPORT_ROOT: &str = "/export";
-/// Stable names for bays (`BAY01`, `BAY01-part1`), made by nasinit from the plan's bay map.
+/// Stable names for bays (`BAY01`, `BAY01-part1`), made by udev from the plan's bay map.
 pub const BAY_DIR: &str = "/dev/disk/by-bay";
+/// The udev rules that make them (written at build time from the plan).
+pub const BAY_RULES: &str = "/etc/udev/rules.d/61-nasos-bays.rules";
+/// The health agent's latest round (checks, recent alerts, what it read), for nasctl; on tmpfs.
+pub const HEALTH_REPORT: &str = "/run/nasos/health.json";
 /// nasinit's control socket (D-Bus, peer to peer, root only).
 pub const CONTROL_SOCKET: &str = "/run/nasinit/control.sock";
 /// Where nasinit keeps each service's log file.

@@ -34,6 +34,10 @@ pub const FAILED_BOOTS: &str = "failed-boots";
 pub const UPGRADE_HISTORY: &str = "upgrade/history";
 /// How many history lines are kept.
 pub const UPGRADE_HISTORY_KEPT: usize = 200;
+/// Health alerts (transitions between ok, warning and critical), one JSON object per line.
+pub const HEALTH_ALERTS: &str = "health/alerts";
+/// How many alerts the history keeps.
+pub const HEALTH_ALERTS_KEPT: usize = 500;
 /// Written by `nasctl factory-reset`; the next boot formats the partition afresh.
 pub const FACTORY_RESET: &str = "factory-reset";
 /// How many earlier boots keep their logs.

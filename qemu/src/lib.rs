@@ -392,6 +392,44 @@ impl Vm {
         Ok(())
     }
 
+    /// Pulls the drive out of bay `n` (1-based), as a hand does: the NVMe controller goes away
+    /// without the guest being asked.
+    pub fn pull_bay(&self, n: u32) -> anyhow::Result<()> {
+        self.qmp("device_del", serde_json::json!({"id": format!("nvme{n}")}))?;
+        Ok(())
+    }
+
+    /// Puts a drive into bay `n`: `disk` (a qcow2 file; a new blank one is made there if it does
+    /// not exist), with the serial the twin board gives that bay. Once the guest has let go of a
+    /// pulled drive (the slot is free again), this may be retried.
+    pub fn plug_bay(&self, n: u32, disk: &Path) -> anyhow::Result<()> {
+        if !disk.exists() {
+            let o = Command::new("qemu-img").args(["create", "-q", "-f", "qcow2"]).arg(disk).arg(BAY_SIZE).output()?;
+            if !o.status.success() {
+                bail!("qemu-img create {} failed: {}", disk.display(), String::from_utf8_lossy(&o.stderr));
+            }
+        }
+        static PLUGGED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let node = format!("swap{n}-{}", PLUGGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        self.qmp(
+            "blockdev-add",
+            serde_json::json!({"driver": "qcow2", "node-name": node, "file": {"driver": "file", "filename": disk.display().to_string()}}),
+        )?;
+        let mut last = None;
+        for _ in 0..50 {
+            match self.qmp(
+                "device_add",
+                serde_json::json!({"driver": "nvme", "id": format!("nvme{n}"), "serial": format!("BAY{n:02}"), "drive": node, "bus": format!("rp{n}")}),
+            ) {
+                Ok(_) => return Ok(()),
+                // The pulled controller may still be on its way out.
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("device_add failed")))
+    }
+
     /// Unplugs the stick [`Vm::plug_usb`] plugged in.
     pub fn unplug_usb(&self) -> anyhow::Result<()> {
         self.qmp("device_del", serde_json::json!({"id": "usbstick0"}))?;

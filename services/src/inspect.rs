@@ -15,8 +15,17 @@ pub struct PoolView {
     pub allocated: Option<u64>,
     pub free: Option<u64>,
     pub errors: u64,
+    /// A running resilver or scrub: what and how far, in percent.
+    pub scan: Option<ScanView>,
     pub members: Vec<nasos_zfs::summary::Member>,
     pub datasets: Vec<DatasetView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ScanView {
+    /// resilver or scrub.
+    pub function: String,
+    pub percent: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -62,6 +71,11 @@ pub fn pools() -> anyhow::Result<Vec<PoolView>> {
             allocated: num("allocated"),
             free: num("free"),
             errors: nasos_zfs::summary::errors(pool),
+            scan: pool
+                .scan_stats
+                .as_ref()
+                .and_then(crate::health::observe::scan)
+                .map(|(function, percent)| ScanView { function, percent }),
             members: nasos_zfs::summary::members(pool),
             datasets,
         });

@@ -10,6 +10,7 @@ use nasos_layout::paths;
 pub mod fabric;
 pub mod health;
 pub mod inspect;
+pub mod jsonl;
 pub mod mounts;
 pub mod nfs;
 pub mod nfsd;

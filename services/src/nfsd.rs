@@ -2,12 +2,12 @@
 //! /proc/fs/nfsd/portlist, the thread count, and the export table mountd gave the kernel
 //! (/var/lib/nfs/etab) — not what the plan wished for.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub const NFSD_FS: &str = "/proc/fs/nfsd";
 pub const ETAB: &str = "/var/lib/nfs/etab";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Listener {
     pub transport: String,
     pub port: u16,

@@ -214,3 +214,21 @@ pub fn mount_train(gpu: &mut Vm, transport: &str, dir: &str) {
         "{transport}: {xprt}"
     );
 }
+
+/// A host tool a test needs beyond what `nasos` installs (e.g. `promtool`): installed with apt
+/// (no recommends) when it is missing and the tests run as root; otherwise the panic names the
+/// package to install.
+pub fn host_tool(path: &str, package: &str) -> PathBuf {
+    if !Path::new(path).exists() {
+        let root = std::process::Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"));
+        assert!(root, "{path} is missing: install the Debian package {package}");
+        eprintln!("installing {package} for {path}");
+        let st = std::process::Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .expect("apt-get");
+        assert!(st.success() && Path::new(path).exists(), "apt-get install {package} did not provide {path}");
+    }
+    PathBuf::from(path)
+}

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{Pair, digest, mount_train, ok, poll, repo};
+use nasos_tests::{Pair, digest, host_tool, mount_train, ok, poll, repo};
 
 static PAIR: Shared<Pair> = Shared::new("pair::both_vms_become_ready");
 /// The appliance's identity as first booted: (machine-id, NVMe host NQN).
@@ -31,6 +31,9 @@ fn main() -> ExitCode {
     s.check("lifecycle::a_reboot_imports_the_pool_and_the_data_is_there", reboot);
     s.check("lifecycle::a_power_cut_with_the_client_mounted_loses_nothing", power_cut);
     s.check("lifecycle::ctrl_alt_del_is_an_orderly_reboot", ctrl_alt_del);
+    s.check("health::a_pulled_bay_is_named_within_10s_on_every_channel", pulled_bay);
+    s.check("health::an_nvme_critical_warning_is_critical_for_its_bay", critical_warning);
+    s.check("health::replace_takes_a_blank_disk_in_the_pulled_bay_and_resilvers", replace_bay);
     s.teardown(|| {
         if let Some(pair) = PAIR.take() {
             pair.kill();
@@ -321,7 +324,112 @@ fn ctrl_alt_del() {
     });
 }
 
-/// Runs `cmd` until its output contains `needle` or `within` has passed; returns the last output.
+/// A drive pulled from an idle pool (QMP device_del, as a hand pulls it): health names its bay
+/// on the console within 10 s — woken by the hot-plug event, not a poll — and in `nasctl
+/// health`, in the metrics the client scrapes (which promtool accepts) and at the client's
+/// syslog receiver (rsyslog, RFC 5424); udev drops the bay's name, and zed marks it REMOVED.
+fn pulled_bay() {
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        ok(
+            gpu,
+            r#"printf 'module(load="imudp")\ninput(type="imudp" port="514")\n*.* action(type="omfile" file="/tmp/remote.log" template="RSYSLOG_SyslogProtocol23Format")\n' > /tmp/rsyslog.conf && rsyslogd -f /tmp/rsyslog.conf -i /tmp/rsyslog.pid"#,
+        );
+        let metrics = |gpu: &mut nasos_qemu::Vm| ok(gpu, "curl -sfS --max-time 10 http://10.77.0.1:9100/metrics");
+        let before = metrics(gpu);
+        assert!(before.contains("nasos_bay_present{bay=\"BAY07\"} 1"), "{before}");
+        // The first round after the reboot has run: the pool is there and nothing is wrong.
+        poll(nas, "nasctl health", "health: OK", Duration::from_secs(60));
+        let t = std::time::Instant::now();
+        nas.pull_bay(7).expect("pull BAY07");
+        nas.wait_for("health: CRITICAL BAY07: drive missing (a member of pool tank)", Duration::from_secs(10))
+            .expect("the pulled bay on the console within 10 s");
+        eprintln!("pull to console alert: {:.1}s", t.elapsed().as_secs_f64());
+        let h = json(&ok(nas, "nasctl health --json"));
+        let checks = h["report"]["checks"].as_array().expect("checks");
+        assert!(
+            checks.iter().any(|c| c["id"] == "bay.BAY07.present" && c["severity"] == "critical"),
+            "{h}"
+        );
+        let alerts = h["alerts"].as_array().expect("alerts");
+        assert!(alerts.iter().any(|a| a["id"] == "bay.BAY07.present" && a["to"] == "critical"), "{h}");
+        let (_, gone) = nas.run("test -e /dev/disk/by-bay/BAY07", Duration::from_secs(30)).expect("test");
+        assert_ne!(gone, 0, "udev kept the name of a pulled bay");
+        poll(nas, "zpool status tank", "REMOVED", Duration::from_secs(10));
+        let after = metrics(gpu);
+        assert!(after.contains("nasos_bay_present{bay=\"BAY07\"} 0"), "{after}");
+        assert!(after.contains("nasos_health_check{check=\"bay.BAY07.present\"} 2"), "{after}");
+        let file = repo().join("build/e2e/datapath/metrics.txt");
+        std::fs::write(&file, format!("{after}\n")).expect("write metrics");
+        let promtool = host_tool("/usr/bin/promtool", "prometheus");
+        let check = std::process::Command::new(promtool)
+            .args(["check", "metrics"])
+            .stdin(std::fs::File::open(&file).expect("metrics"))
+            .output()
+            .expect("promtool");
+        assert!(
+            check.status.success(),
+            "promtool check metrics: {}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let log = poll(gpu, "cat /tmp/remote.log", "bay.BAY07.present", Duration::from_secs(10));
+        let line = log.lines().find(|l| l.contains("bay.BAY07.present")).expect("the alert line");
+        assert!(line.starts_with("<26>1 ") && line.contains(" nasos-dev nasos-health "), "{line}");
+        assert!(line.contains("CRITICAL BAY07: drive missing"), "{line}");
+    });
+}
+
+/// A critical warning raised by the drive itself (QEMU's smart_critical_warning, read by
+/// health from the SMART log) is a critical alert naming its bay, and clears when the drive
+/// clears it.
+fn critical_warning() {
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        let set = |nas: &mut nasos_qemu::Vm, v: u64| {
+            nas.qmp(
+                "qom-set",
+                serde_json::json!({"path": "/machine/peripheral/nvme3", "property": "smart_critical_warning", "value": v}),
+            )
+            .expect("qom-set");
+        };
+        set(nas, 2);
+        nas.wait_for("health: CRITICAL BAY03: NVMe critical warning: temperature beyond a threshold", Duration::from_secs(25))
+            .expect("the drive's warning on the console");
+        let m = ok(gpu, "curl -sfS --max-time 10 http://10.77.0.1:9100/metrics");
+        assert!(m.contains("nasos_nvme_critical_warning{bay=\"BAY03\"} 2"), "{m}");
+        set(nas, 0);
+        nas.wait_for("health: ok again (was critical): BAY03: no NVMe critical warning", Duration::from_secs(25))
+            .expect("cleared");
+    });
+}
+
+/// A blank disk put into the bay pulled above gets the bay's name at once; `nasctl replace`
+/// refuses nothing here, resilvers onto it, the pool is ONLINE again and the alerts clear.
+fn replace_bay() {
+    PAIR.with(|Pair { nas, .. }| {
+        let (_, st) = nas.run("nasctl replace BAY07", Duration::from_secs(60)).expect("replace");
+        assert_ne!(st, 0, "replace with the bay empty must fail");
+        let blank = repo().join("build/e2e/datapath/blank-bay07.qcow2");
+        let _ = std::fs::remove_file(&blank);
+        nas.plug_bay(7, &blank).expect("plug a blank disk into BAY07");
+        poll(nas, "ls /dev/disk/by-bay/", "BAY07", Duration::from_secs(15));
+        nas.wait_for("health: ok again (was critical): BAY07: drive present", Duration::from_secs(15))
+            .expect("the bay's alert clears when a drive is in it");
+        let out = ok(nas, "nasctl replace BAY07");
+        assert!(out.contains("BAY07: resilvering pool tank onto the new disk"), "{out}");
+        let t = std::time::Instant::now();
+        let status = poll(nas, "zpool status -x tank", "is healthy", Duration::from_secs(300));
+        eprintln!("resilver onto a blank disk: {:.1}s", t.elapsed().as_secs_f64());
+        assert!(status.contains("pool 'tank' is healthy"), "{status}");
+        // Kept for the record: zpool's JSON right after a replace (it has left fields out before).
+        let raw = ok(nas, "zpool status -j --json-int tank");
+        let _ = std::fs::write(repo().join("build/e2e/datapath/zpool-status-after-replace.json"), raw);
+        let pools = ok(nas, "nasctl pools");
+        assert!(pools.contains("BAY07") && pools.lines().next().is_some_and(|l| l.contains("ONLINE")), "{pools}");
+        let h = poll(nas, "nasctl health", "health: OK", Duration::from_secs(30));
+        assert!(h.contains("ok again (was warning): pool tank: ONLINE"), "{h}");
+    });
+}
+
 /// The JSON a command printed (after anything the console added before it).
 fn json(out: &str) -> serde_json::Value {
     let start = out.find(['{', '[']).unwrap_or_else(|| panic!("no JSON in {out:?}"));

@@ -130,9 +130,24 @@ impl fmt::Display for Plan {
         )?;
         writeln!(
             f,
-            "  warn at NVMe {}°C, pool {}% full; checks every {}s",
-            h.nvme_temperature_warn_celsius, h.pool_capacity_warn_percent, h.check_interval_seconds
+            "  warn at NVMe {}°C, spare under {}%, wear {}%; CPU {}°C; pool {}% full; checks every {}s",
+            h.nvme_temperature_warn_celsius,
+            h.nvme_spare_warn_percent,
+            h.nvme_wear_warn_percent,
+            h.cpu_temperature_warn_celsius,
+            h.pool_capacity_warn_percent,
+            h.check_interval_seconds
         )?;
+        match &h.metrics {
+            Some(a) => writeln!(f, "  metrics (Prometheus) on http://{a}/metrics")?,
+            None => writeln!(f, "  no metrics endpoint")?,
+        }
+        if h.syslog.is_empty() {
+            writeln!(f, "  alerts to the console and the alert history")?;
+        } else {
+            let to: Vec<String> = h.syslog.iter().map(ToString::to_string).collect();
+            writeln!(f, "  alerts to the console, the alert history and syslog {}", to.join(", "))?;
+        }
         writeln!(f, "\nupgrade")?;
         let u = &self.upgrade;
         writeln!(f, "  {} boot tries before the previous slot boots again", u.boot_tries)?;

@@ -13,6 +13,7 @@ use crate::recipe::{CreatePolicy, NfsVersion, RootLogin, VdevKind};
 mod display;
 mod resolve;
 mod services;
+pub mod udev;
 
 pub use resolve::resolve;
 pub use services::SERVICE_NAMES;
@@ -266,6 +267,11 @@ impl Plan {
                 nvme_temperature_warn_celsius: 70,
                 pool_capacity_warn_percent: 80,
                 check_interval_seconds: 10,
+                nvme_spare_warn_percent: 10,
+                nvme_wear_warn_percent: 90,
+                cpu_temperature_warn_celsius: 90,
+                syslog: Vec::new(),
+                metrics: None,
             },
             upgrade: UpgradePlan { boot_tries: 3, min_version: "0.0.0".into(), trusted_keys: Vec::new() },
             liveness: LivenessPlan { ready_deadline_seconds: 0, failed_boots_before_staying_up: 3 },
@@ -302,6 +308,51 @@ pub struct HealthPlan {
     pub nvme_temperature_warn_celsius: u32,
     pub pool_capacity_warn_percent: u32,
     pub check_interval_seconds: u32,
+    pub nvme_spare_warn_percent: u32,
+    pub nvme_wear_warn_percent: u32,
+    pub cpu_temperature_warn_celsius: u32,
+    /// Remote syslog receivers for alerts.
+    pub syslog: Vec<SyslogTarget>,
+    /// Where the Prometheus endpoint listens (`10.77.0.1:9100`), if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyslogTarget {
+    pub transport: SyslogTransport,
+    pub address: std::net::SocketAddr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyslogTransport {
+    Udp,
+    Tcp,
+}
+
+impl SyslogTarget {
+    /// `udp://ADDR:PORT` or `tcp://ADDR:PORT`, with an IP literal (`[v6]:port` for IPv6).
+    pub fn parse(url: &str) -> Result<SyslogTarget, String> {
+        let (transport, rest) = if let Some(r) = url.strip_prefix("udp://") {
+            (SyslogTransport::Udp, r)
+        } else if let Some(r) = url.strip_prefix("tcp://") {
+            (SyslogTransport::Tcp, r)
+        } else {
+            return Err("a syslog receiver starts with udp:// or tcp://".into());
+        };
+        let address = rest.parse().map_err(|_| format!("`{rest}` is not an IP address and port"))?;
+        Ok(SyslogTarget { transport, address })
+    }
+}
+
+impl std::fmt::Display for SyslogTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = match self.transport {
+            SyslogTransport::Udp => "udp",
+            SyslogTransport::Tcp => "tcp",
+        };
+        write!(f, "{t}://{}", self.address)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -36,7 +36,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     .map(|s| s.to_string())
     .collect();
     if uses_zfs {
-        packages.push("zfsutils-linux".into());
+        packages.extend(["zfsutils-linux", "zfs-zed"].map(String::from));
     }
     if r.nfs.is_some() {
         packages.push("nfs-kernel-server".into());
@@ -228,14 +228,23 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         }
     });
 
-    let health = HealthPlan {
-        watchdog_driver: b.watchdog.driver.clone(),
-        watchdog_identity: b.watchdog.identity.clone(),
-        watchdog_timeout_seconds: r.health.watchdog_timeout_seconds,
-        nvme_temperature_warn_celsius: r.health.nvme_temperature_warn_celsius,
-        pool_capacity_warn_percent: r.health.pool_capacity_warn_percent,
-        check_interval_seconds: r.health.check_interval_seconds,
-    };
+    let health =
+        HealthPlan {
+            watchdog_driver: b.watchdog.driver.clone(),
+            watchdog_identity: b.watchdog.identity.clone(),
+            watchdog_timeout_seconds: r.health.watchdog_timeout_seconds,
+            nvme_temperature_warn_celsius: r.health.nvme_temperature_warn_celsius,
+            pool_capacity_warn_percent: r.health.pool_capacity_warn_percent,
+            check_interval_seconds: r.health.check_interval_seconds,
+            nvme_spare_warn_percent: r.health.nvme_spare_warn_percent,
+            nvme_wear_warn_percent: r.health.nvme_wear_warn_percent,
+            cpu_temperature_warn_celsius: r.health.cpu_temperature_warn_celsius,
+            // Checked by validation; a receiver that does not parse cannot reach a plan.
+            syslog: r.health.syslog.iter().filter_map(|u| SyslogTarget::parse(u).ok()).collect(),
+            metrics: r.health.metrics.as_ref().and_then(|m| {
+                m.address.parse::<std::net::IpAddr>().ok().map(|ip| std::net::SocketAddr::new(ip, m.port))
+            }),
+        };
 
     let console = console_service(
         r.console.root_login,

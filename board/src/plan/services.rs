@@ -5,6 +5,9 @@ use crate::recipe::Liveness;
 use nasos_layout::agents;
 use nasos_layout::paths::NASINIT;
 
+/// ZFS's event daemon, from the zfs-zed package.
+const ZED: &str = "/usr/sbin/zed";
+
 /// A getty on the serial console, unless the console is locked. It depends on nothing, so an
 /// operator can log in while storage is still coming up (or failing to). Password login with no
 /// hash in the recipe (every production image) goes through `nasinit console`, which asks for
@@ -51,7 +54,8 @@ pub(super) fn console_service(login: RootLogin, has_hash: bool, device: &str, ba
 
 /// The service graph. Order matters: it is a valid start order, and shutdown runs it backwards.
 /// Every service name a plan may have, for recipe settings that name services.
-pub const SERVICE_NAMES: &[&str] = &["console", "udev", "modules", "fabric", "storage", "nfs", "health", "bless"];
+pub const SERVICE_NAMES: &[&str] =
+    &["console", "udev", "modules", "fabric", "storage", "zed", "nfs", "health", "bless"];
 
 /// Gives each service that is not ready at once its start timeout (the recipe's, or its
 /// override), and swaps in a program that never finishes for services a development recipe
@@ -115,11 +119,22 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
             Some(agents::STORAGE.command("export")),
             &["modules"],
         );
+        // ZFS's event daemon: it marks a pulled drive REMOVED from the hot-plug event itself
+        // (without it ZFS notices only at the next I/O to that drive), swaps in a hot spare for a
+        // faulted or removed member, and runs ZFS's own reactions to pool events.
+        add("zed", vec![ZED.to_string(), "-F".into()], Readiness::Started, &daemon, None, &["storage"]);
     }
     if nfs {
         add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &["storage", "fabric"]);
     }
-    add("health", agents::HEALTH.command("run"), Readiness::Notify, &daemon, None, &["modules", "storage", "nfs"]);
+    add(
+        "health",
+        agents::HEALTH.command("run"),
+        Readiness::Notify,
+        &daemon,
+        None,
+        &["modules", "storage", "zed", "nfs"],
+    );
     let never = RestartPolicy { when: Restart::Never, ..oneshot.clone() };
     add(
         "bless",

@@ -95,13 +95,19 @@ fn device_match(c: &mut Checker<'_, '_>, path: &Path, m: &DeviceMatch, allowed: 
     let ok = match key {
         "pci" => is_pci_address(value),
         "mac" => is_mac(value),
-        _ => !value.is_empty() && value.len() <= 20 && value.chars().all(|ch| ch.is_ascii_graphic()),
+        // The bay map becomes udev match patterns (plan::udev): no pattern or substitution
+        // characters, so a serial matches only itself.
+        _ => {
+            !value.is_empty()
+                && value.len() <= 20
+                && value.chars().all(|ch| ch.is_ascii_graphic() && !"*?[]|\\\"'$%{},".contains(ch))
+        }
     };
     if !ok {
         let rule = match key {
             "pci" => "write a PCI address as DDDD:BB:DD.F, e.g. \"0000:41:00.0\"",
             "mac" => "write a MAC as six hex pairs, e.g. \"52:54:00:12:34:56\"",
-            _ => "serials are 1–20 printable characters",
+            _ => "serials are 1–20 printable characters, none of * ? [ ] | \\ \" ' $ % { } ,",
         };
         c.error(&path.key(key), format!("invalid {key} `{value}`"), rule.to_string());
     }

@@ -95,6 +95,7 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     datasets(&mut c, r);
     nfs(&mut c, r);
     liveness(&mut c, r);
+    health(&mut c, r);
     upgrade(&mut c, r);
     c.out
 }

@@ -491,6 +491,56 @@ pub(super) fn liveness(c: &mut Checker<'_, '_>, r: &Recipe) {
     }
 }
 
+pub(super) fn health(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let p = Path::root().key("health");
+    for (i, url) in r.health.syslog.iter().enumerate() {
+        if let Err(e) = crate::plan::SyslogTarget::parse(url) {
+            c.error(
+                &p.key("syslog").index(i),
+                format!("invalid syslog receiver `{url}`: {e}"),
+                "write it as \"udp://10.0.0.5:514\" or \"tcp://10.0.0.5:601\"".to_string(),
+            );
+        }
+    }
+    if let Some(m) = &r.health.metrics {
+        let mp = p.key("metrics");
+        let own: Vec<&str> = r
+            .network
+            .links
+            .iter()
+            .flat_map(|l| l.addresses.iter().chain(l.vlans.iter().flat_map(|v| v.addresses.iter())))
+            .map(|a| a.split('/').next().unwrap_or(a))
+            .collect();
+        if m.address.parse::<std::net::IpAddr>().is_err() {
+            c.error(
+                &mp.key("address"),
+                format!("`{}` is not an IP address", m.address),
+                "use one of the box's own addresses from [[network.links]]".to_string(),
+            );
+        } else if !own.contains(&m.address.as_str()) {
+            c.error(
+                &mp.key("address"),
+                format!("`{}` is not an address of this box, so nothing would answer there", m.address),
+                format!(
+                    "use one of {}",
+                    if own.is_empty() {
+                        "the addresses of [[network.links]] (none is set)".to_string()
+                    } else {
+                        own.join(", ")
+                    }
+                ),
+            );
+        }
+        if [0u16, 22, 111, 2049, 20049].contains(&m.port) {
+            c.error(
+                &mp.key("port"),
+                format!("port {} is taken (or not a port)", m.port),
+                "use another port, e.g. 9100".to_string(),
+            );
+        }
+    }
+}
+
 pub(super) fn upgrade(c: &mut Checker<'_, '_>, r: &Recipe) {
     let p = Path::root().key("upgrade");
     if !is_version(&r.upgrade.min_version) {

@@ -44,13 +44,14 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load the plan's kernel modules with their options and link /dev/disk/by-bay (the `modules`
-    /// service runs this).
+    /// Load the plan's kernel modules with their options and wait for udev to name the bays
+    /// (the `modules` service runs this).
     #[command(name = agents::NASINIT_LOAD_MODULES)]
     LoadModules,
-    /// Link /dev/disk/by-bay again (after a pool was created and its disks partitioned).
-    #[command(name = agents::NASINIT_LINK_BAYS)]
-    LinkBays,
+    /// Wait for udev to name the bays and their partitions (after a pool was created and its
+    /// disks partitioned).
+    #[command(name = agents::NASINIT_WAIT_BAYS)]
+    WaitBays,
     /// Never finish (what a development recipe's `[debug] hang_services` runs instead of a
     /// service, to test start timeouts and the boot deadline).
     #[command(name = agents::NASINIT_DEBUG_HANG)]
@@ -86,10 +87,10 @@ fn main() -> ExitCode {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
-        Some(Command::LinkBays) => match read_plan(&args.plan) {
+        Some(Command::WaitBays) => match read_plan(&args.plan) {
             Ok(plan) => {
-                let linked = early::link_bays(&plan.bays, &Console::new(false));
-                println!("{} of {} bays present", linked.len(), plan.bays.len());
+                let present = early::wait_for_bays(&plan.bays, std::time::Duration::from_secs(10));
+                println!("{} of {} bays present", present.len(), plan.bays.len());
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -269,22 +270,13 @@ fn load_modules(plan: &std::path::Path) -> ExitCode {
             }
         }
     }
-    // The drivers are loaded: let udev see every device and finish its work, then name the bays.
-    for args in [&["trigger", "--action=add"][..], &["settle", "--timeout=30"][..]] {
-        if let Err(e) = Tool::new("/usr/bin/udevadm").args(args).timeout(Duration::from_secs(40)).run() {
-            println!("{e}");
-        }
+    // The drivers are loaded: let udev see every device (its rules name the bays).
+    if let Err(e) =
+        Tool::new("/usr/bin/udevadm").args(["trigger", "--action=add"]).timeout(Duration::from_secs(40)).run()
+    {
+        println!("{e}");
     }
-    let console = Console::new(false);
-    let t = Instant::now();
-    let mut linked = Vec::new();
-    while t.elapsed() < Duration::from_secs(10) {
-        linked = early::link_bays(&plan.bays, &console);
-        if linked.len() == plan.bays.len() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let linked = early::wait_for_bays(&plan.bays, Duration::from_secs(10));
     let missing: Vec<&str> =
         plan.bays.iter().map(|b| b.name.as_str()).filter(|b| !linked.iter().any(|l| l == b)).collect();
     println!(

@@ -1,83 +1,305 @@
-//! The health agent: reports pool health and capacity, and NVMe drives over the recipe's
-//! temperature threshold, every check interval until SIGTERM. The hardware watchdog is not
-//! here: PID 1 owns it (a health agent that dies must not reset the box; a PID 1 that hangs
-//! must).
+//! The health agent's loop: a check round every interval, and at once when ZFS posts an event
+//! (`zpool events -f`, one long-running child) or udev reports a device added or removed (a
+//! netlink socket), so a pulled drive is named within seconds even on an idle pool. Each round
+//! reads ([`super::observe`]), decides ([`super::checks`], [`super::alerts`]) and publishes:
+//! alerts to the console, the history on the state partition and syslog; the report for
+//! `nasctl health`; the metrics. The hardware watchdog is not here: PID 1 owns it.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
 use std::path::Path;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use super::{nvme_temperatures, temperature_changes};
+use nasos_layout::paths;
+use nasos_layout::state::{self, State};
+
+use super::alerts::{self, Alert, Report};
+use super::checks::{self, Check, Limits};
+use super::observe::{self, Observation, ServiceObs};
+use super::{metrics, syslog};
 use crate::signals::{Sig, Signals};
-use crate::{notify_ready, plan, probe, say};
+use crate::{notify_ready, plan, say};
 
 pub fn run() -> anyhow::Result<()> {
     let plan = plan()?;
     let signals = Signals::take(&[Sig::SIGTERM])?;
     let every = Duration::from_secs(u64::from(plan.health.check_interval_seconds.max(1)));
-    let mut hot = BTreeSet::new();
-    check(&plan, true, &mut hot);
-    notify_ready(&format!("checking every {}s", every.as_secs()))?;
-    while signals.wait(every)? != Some(Sig::SIGTERM) {
-        check(&plan, false, &mut hot);
+    let wake = Arc::new(AtomicBool::new(false));
+    if !plan.pools.is_empty() {
+        follow_zfs_events(wake.clone());
     }
-    Ok(())
-}
-
-/// Pool health and fullness, drive temperatures; prints a line when something is wrong or
-/// changes (and everything, at start).
-fn check(plan: &nasos_board::Plan, verbose: bool, hot: &mut BTreeSet<String>) {
-    let temps = nvme_temperatures(Path::new("/sys"), &plan.bays);
-    if verbose {
-        let read: Vec<String> = temps.iter().filter_map(|t| t.celsius.map(|c| format!("{} {c:.0}°C", t.bay))).collect();
-        say(format!(
-            "NVMe temperatures (warn above {}°C): {}",
-            plan.health.nvme_temperature_warn_celsius,
-            if read.is_empty() { "none reported".to_string() } else { read.join(", ") }
-        ));
+    if let Err(e) = follow_udev(wake.clone()) {
+        say(format!("not watching hot-plug events ({e}); drives are checked every {}s", every.as_secs()));
     }
-    for line in temperature_changes(&temps, plan.health.nvme_temperature_warn_celsius, hot) {
-        say(line);
+    let latest = Arc::new(Mutex::new(String::new()));
+    if let Some(addr) = plan.health.metrics {
+        match metrics::serve(addr, latest.clone()) {
+            Ok(()) => say(format!("metrics on http://{addr}/metrics")),
+            Err(e) => say(format!("no metrics endpoint: {e}")),
+        }
     }
-    if plan.pools.is_empty() || !probe("zpool", &["version"]) {
-        return;
-    }
-    let pools = match nasos_zfs::pool_properties(&["health", "capacity"]) {
-        Ok(p) => p,
-        Err(e) => return say(format!("reading pool health: {e}")),
+    let syslog = if plan.health.syslog.is_empty() {
+        None
+    } else {
+        let to: Vec<String> = plan.health.syslog.iter().map(ToString::to_string).collect();
+        match syslog::Sender::start(plan.health.syslog.clone(), plan.image.hostname.clone()) {
+            Ok(s) => {
+                say(format!("alerts go to syslog {}", to.join(", ")));
+                Some(s)
+            }
+            Err(e) => {
+                say(format!("cannot start the syslog sender: {e}"));
+                None
+            }
+        }
     };
-    for (name, state, cap) in pool_lines(&pools) {
-        if state != "ONLINE" || cap >= u64::from(plan.health.pool_capacity_warn_percent) || verbose {
-            say(format!("pool {name}: {state}, {cap}% full"));
+    let mut round = Round {
+        limits: Limits::from(&plan.health),
+        members: checks::pool_members(&plan),
+        checks: BTreeMap::new(),
+        before: None,
+        syslog,
+        latest,
+        history_failed: false,
+        dropped: 0,
+        unchecked: Vec::new(),
+    };
+    round.run(&plan, true);
+    notify_ready(&format!("checking every {}s", every.as_secs()))?;
+    let mut last = Instant::now();
+    loop {
+        if signals.wait(Duration::from_secs(1))? == Some(Sig::SIGTERM) {
+            return Ok(());
+        }
+        if wake.swap(false, Ordering::SeqCst) || last.elapsed() >= every {
+            last = Instant::now();
+            round.run(&plan, false);
         }
     }
 }
 
-/// (name, health, capacity %) of each pool, from `zpool get -j --json-int health,capacity`.
-fn pool_lines(pools: &nasos_zfs::PoolList) -> Vec<(&str, String, u64)> {
-    pools
-        .pools
-        .values()
-        .map(|p| {
-            let health = p.value("health").map_or_else(|| p.state.clone(), nasos_zfs::Value::text);
-            let cap = p.value("capacity").and_then(nasos_zfs::Value::as_u64).unwrap_or(0);
-            (p.name.as_str(), health, cap)
-        })
-        .collect()
+struct Round {
+    limits: Limits,
+    members: Vec<(String, String)>,
+    checks: BTreeMap<String, Check>,
+    before: Option<Observation>,
+    syslog: Option<syslog::Sender>,
+    latest: Arc<Mutex<String>>,
+    history_failed: bool,
+    dropped: u64,
+    unchecked: Vec<String>,
+}
+
+impl Round {
+    fn run(&mut self, plan: &nasos_board::Plan, first: bool) {
+        let obs = observe::observe(plan, services());
+        if first {
+            self.unchecked = unchecked(&obs);
+            for u in &self.unchecked {
+                say(format!("not checked: {u}"));
+            }
+        }
+        let now_checks = checks::evaluate(&self.limits, &self.members, &obs, self.before.as_ref());
+        let at = now();
+        let alerts = alerts::transitions(&self.checks, &now_checks, at);
+        // The history first, then the report and metrics, then the console and syslog: whoever
+        // sees an alert and asks `nasctl health` or scrapes finds it already there.
+        self.record(&alerts);
+        let report = Report::new(at, &now_checks, self.unchecked.clone(), obs.clone());
+        if first {
+            say(format!("{} checks: {} ok, {} not", now_checks.len(), report.ok, report.checks.len()));
+        }
+        let text = metrics::render(&report, &now_checks);
+        if let Ok(mut l) = self.latest.lock() {
+            *l = text;
+        }
+        if let Err(e) = write_report(Path::new(paths::HEALTH_REPORT), &report) {
+            say(format!("cannot write {}: {e}", paths::HEALTH_REPORT));
+        }
+        self.announce(&alerts);
+        self.checks = now_checks.into_iter().map(|c| (c.id.clone(), c)).collect();
+        self.before = Some(obs);
+    }
+
+    /// Alerts to the console, the service log and syslog.
+    fn announce(&mut self, alerts: &[Alert]) {
+        for a in alerts {
+            let line = a.line();
+            say(&line);
+            console(&format!("health: {line}"));
+            if let Some(s) = &self.syslog
+                && !s.send(a)
+            {
+                self.dropped += 1;
+                say(format!("syslog queue full: {} alerts not sent to syslog", self.dropped));
+            }
+        }
+    }
+
+    /// Alerts to the history on the state partition.
+    fn record(&mut self, alerts: &[Alert]) {
+        if alerts.is_empty() {
+            return;
+        }
+        let st = State::mounted();
+        match crate::jsonl::append(&st.path(state::HEALTH_ALERTS), alerts, state::HEALTH_ALERTS_KEPT) {
+            Ok(()) => self.history_failed = false,
+            Err(e) if !self.history_failed => {
+                self.history_failed = true;
+                say(format!("alerts are not kept across reboots: {e}"));
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// What this machine cannot tell health, said once at start.
+fn unchecked(o: &Observation) -> Vec<String> {
+    let mut out = Vec::new();
+    if o.cpu_celsius.is_none() {
+        out.push("CPU temperature: no k10temp sensor on this machine".to_string());
+    }
+    if o.ecc.is_none() {
+        out.push("memory ECC: no EDAC memory controller on this machine".to_string());
+    }
+    let no_spare: Vec<&str> = o
+        .bays
+        .iter()
+        .filter(|b| matches!(&b.smart, Some(Ok(s)) if !s.reports_spare()))
+        .map(|b| b.bay.as_str())
+        .collect();
+    if !no_spare.is_empty() {
+        out.push(format!("NVMe available spare: not reported by the drives in {}", no_spare.join(" ")));
+    }
+    for l in o.links.iter().filter(|l| l.speed_mbps.is_none()) {
+        out.push(format!("link {} speed: the NIC reports none", l.name));
+    }
+    out
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn write_report(path: &Path, r: &Report) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(r).map_err(std::io::Error::other)?)?;
+    std::fs::rename(tmp, path)
+}
+
+/// A line on the console, where the operator looks. Non-blocking: a console that cannot take
+/// it now (a slow serial line) loses the line rather than stalling the checks; the service log
+/// and the history have it.
+fn console(line: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open("/dev/console")
+    {
+        let _ = f.write_all(format!("{line}\r\n").as_bytes());
+    }
+}
+
+/// Services as nasinit reports them, over its control socket.
+fn services() -> Result<Vec<ServiceObs>, String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let ask = async {
+            let client = nasos_api::Client::connect(Path::new(nasos_api::DEFAULT_SOCKET)).await?;
+            client.services().await
+        };
+        match tokio::time::timeout(Duration::from_secs(3), ask).await {
+            Ok(Ok(list)) => Ok(list
+                .into_iter()
+                .map(|s| ServiceObs { name: s.name, state: s.state, restarts: s.restarts })
+                .collect()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 3 s".to_string()),
+        }
+    })
+}
+
+/// Follows ZFS's event stream with one `zpool events -f` child; every event wakes a round. The
+/// child is started again if it ends.
+fn follow_zfs_events(wake: Arc<AtomicBool>) {
+    let spawned = std::thread::Builder::new().name("zfs-events".into()).spawn(move || {
+        loop {
+            match std::process::Command::new("zpool")
+                .args(["events", "-f", "-H"])
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+            {
+                Ok(mut child) => {
+                    if let Some(out) = child.stdout.take() {
+                        for line in std::io::BufReader::new(out).lines() {
+                            if line.is_err() {
+                                break;
+                            }
+                            wake.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    let _ = child.wait();
+                }
+                Err(e) => say(format!("cannot follow ZFS events: {e}")),
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        }
+    });
+    if let Err(e) = spawned {
+        say(format!("cannot follow ZFS events: {e}"));
+    }
+}
+
+/// Wakes a round for every event udev announces (after its rules ran, so the bay links are
+/// already made or gone): the netlink group libudev monitors listen on.
+fn follow_udev(wake: Arc<AtomicBool>) -> anyhow::Result<()> {
+    use nix::sys::socket::{
+        AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, socket,
+    };
+    let fd =
+        socket(AddressFamily::Netlink, SockType::Datagram, SockFlag::SOCK_CLOEXEC, SockProtocol::NetlinkKObjectUEvent)?;
+    // Group 2: udev's own announcements; group 1 would be the kernel's, before udev acted.
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &NetlinkAddr::new(0, 2))?;
+    std::thread::Builder::new().name("udev-events".into()).spawn(move || {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match recv(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut buf, MsgFlags::empty()) {
+                Ok(n) if is_drive_event(&buf[..n]) => wake.store(true, Ordering::SeqCst),
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR | nix::errno::Errno::ENOBUFS) => wake.store(true, Ordering::SeqCst),
+                Err(e) => {
+                    say(format!("hot-plug events stopped: {e}"));
+                    return;
+                }
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Whether a udev announcement is about a block or NVMe device (the payload after libudev's
+/// header holds `KEY=value` strings separated by NULs).
+fn is_drive_event(msg: &[u8]) -> bool {
+    msg.split(|b| *b == 0).any(|f| f == b"SUBSYSTEM=block" || f == b"SUBSYSTEM=nvme")
 }
 
 #[cfg(test)]
-mod agent_tests {
-    use super::pool_lines;
+mod tests {
+    use super::*;
 
     #[test]
-    fn pool_health_and_capacity_come_from_zpool_json() {
-        let json = include_str!("../../zfs/tests/fixtures/zpool-get.json");
-        let mut pools = nasos_zfs::parse_pool_list(json).expect("fixture parses");
-        assert_eq!(pool_lines(&pools), vec![("tank", "ONLINE".to_string(), 0)]);
-        let tank = pools.pools.get_mut("tank").expect("tank");
-        tank.properties.get_mut("capacity").expect("capacity").value = nasos_zfs::Value::Int(91);
-        tank.properties.get_mut("health").expect("health").value = nasos_zfs::Value::Text("DEGRADED".into());
-        assert_eq!(pool_lines(&pools), vec![("tank", "DEGRADED".to_string(), 91)]);
+    fn drive_events_are_told_from_others() {
+        let block = b"libudev\0\xfe\xed\xca\xfe....\0ACTION=remove\0SUBSYSTEM=block\0DEVNAME=/dev/nvme6n1\0";
+        let net = b"libudev\0....\0ACTION=add\0SUBSYSTEM=net\0INTERFACE=eth1\0";
+        assert!(is_drive_event(block));
+        assert!(!is_drive_event(net));
     }
 }

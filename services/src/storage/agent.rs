@@ -166,9 +166,9 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
         args.extend(["-O".into(), format!("{k}={v}")]);
     }
     args.extend(["-m".into(), pool.mountpoint.clone(), pool.name.clone()]);
-    // Created on the kernel names the bays point to at this moment: libzfs waits for the
-    // partitions it makes to appear under udev's naming, and there is no udev here. The pool is
-    // then re-imported by bay paths, which is what its configuration keeps.
+    // Created on the kernel names the bays point to at this moment (libzfs partitions a whole
+    // disk given by its kernel name and waits for the partition's node), then re-imported by
+    // bay paths once udev has named the new partitions: that is what its configuration keeps.
     let kernel = |bay: &str| -> anyhow::Result<String> {
         let p = std::fs::canonicalize(format!("{BAY_DIR}/{bay}")).with_context(|| format!("resolving {bay}"))?;
         Ok(p.display().to_string())
@@ -192,7 +192,7 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<()> {
         .timeout(POOL_TIMEOUT)
         .run()
         .with_context(|| format!("creating pool {}", pool.name))?;
-    run(NASINIT, &[agents::NASINIT_LINK_BAYS])?;
+    run(NASINIT, &[agents::NASINIT_WAIT_BAYS])?;
     run("zpool", &["export", &pool.name])?;
     Tool::new("zpool")
         .args(["import", "-d", BAY_DIR, &pool.name])
@@ -237,6 +237,56 @@ fn probe_blkid(dev: &str) -> Result<Option<String>, String> {
         Ok(found) => Ok(Some(found.describe())),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// `nasctl replace BAY`: after a drive was swapped in the same bay, brings the same disk back
+/// online or resilvers the bay's pool member onto a blank one; refuses a disk that holds
+/// anything else. Returns what it started.
+pub fn replace(bay: &str) -> anyhow::Result<String> {
+    let plan = plan()?;
+    let pool = plan
+        .pools
+        .iter()
+        .find(|p| p.vdevs.iter().any(|v| v.bays.iter().any(|b| b == bay)) || p.spares.iter().any(|b| b == bay))
+        .with_context(|| {
+            format!(
+                "{bay} is in no pool of this box (bays: {})",
+                plan.bays.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(" ")
+            )
+        })?;
+    let status = nasos_zfs::status(Some(&pool.name)).with_context(|| format!("reading pool {}", pool.name))?;
+    let ps = status.pools.get(&pool.name).with_context(|| format!("pool {} is not imported", pool.name))?;
+    let member = find_leaf(ps, bay).with_context(|| format!("pool {} has no member in {bay}", pool.name))?;
+    let content = content(bay);
+    // A ZFS member of this very pool (the label's pool GUID, which blkid reports as its UUID).
+    let same_pool = matches!(
+        blkid::probe(std::path::Path::new(&format!("{BAY_DIR}/{bay}-part1"))),
+        Ok(blkid::Content::Found { kind, uuid: Some(u), .. }) if kind == "zfs_member" && u == ps.pool_guid.to_string()
+    );
+    let dev = format!("{BAY_DIR}/{bay}");
+    match super::replace_action(bay, &pool.name, &member.state, &content, same_pool).map_err(anyhow::Error::msg)? {
+        super::Replace::Online => {
+            run("zpool", &["online", &pool.name, &dev])?;
+            Ok(format!("{bay}: the same disk is back in pool {}; it is online and resilvers what it missed", pool.name))
+        }
+        super::Replace::Resilver => {
+            // The old member by its GUID: unambiguous, whatever path it was last seen at.
+            run("zpool", &["replace", &pool.name, &member.guid.to_string(), &dev])?;
+            Ok(format!("{bay}: resilvering pool {} onto the new disk; `nasctl pools` shows the progress", pool.name))
+        }
+    }
+}
+
+/// The leaf vdev whose path is the bay's.
+fn find_leaf<'a>(p: &'a nasos_zfs::PoolStatus, bay: &str) -> Option<&'a nasos_zfs::Vdev> {
+    fn walk<'a>(v: &'a nasos_zfs::Vdev, bay: &str) -> Option<&'a nasos_zfs::Vdev> {
+        if v.vdevs.is_empty() {
+            let name = v.name.rsplit('/').next().unwrap_or(&v.name);
+            return (name == bay || name == format!("{bay}-part1")).then_some(v);
+        }
+        v.vdevs.values().find_map(|c| walk(c, bay))
+    }
+    p.vdevs.values().chain(p.spares.values()).find_map(|v| walk(v, bay))
 }
 
 pub fn export() -> anyhow::Result<()> {

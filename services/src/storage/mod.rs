@@ -3,7 +3,7 @@
 
 mod agent;
 
-pub use agent::{export, up};
+pub use agent::{export, replace, up};
 
 /// What a probe of a member disk found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,5 +66,58 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("never wipes"));
+    }
+}
+
+/// What `nasctl replace BAY` does with the drive now in a bay whose pool member is not online.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replace {
+    /// The same disk came back (its ZFS label names this pool): bring it online; ZFS resilvers
+    /// only what it missed.
+    Online,
+    /// A blank disk: resilver the member onto it.
+    Resilver,
+}
+
+/// Decides, from the member's state in the pool, what the bay holds and whether that is a
+/// member of this very pool (by pool GUID), what to do — or why not.
+pub fn replace_action(
+    bay: &str,
+    pool: &str,
+    member_state: &str,
+    content: &DiskContent,
+    same_pool: bool,
+) -> Result<Replace, String> {
+    if member_state == "ONLINE" {
+        return Err(format!("{bay} is ONLINE in pool {pool}: there is nothing to replace"));
+    }
+    match content {
+        DiskContent::Missing => Err(format!("{bay} is empty: put the new drive in the bay first")),
+        DiskContent::Blank => Ok(Replace::Resilver),
+        DiskContent::Holds(_) if same_pool => Ok(Replace::Online),
+        DiskContent::Holds(what) => Err(format!(
+            "refusing to replace {bay} of pool {pool}: the drive in it holds {what}; nasos never wipes a disk. Clear it deliberately (wipefs -a on every partition, then the disk) and run the command again"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod replace_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_blank_disk_or_the_same_member_is_taken() {
+        let holds = DiskContent::Holds("a ext4 signature labelled scratch".into());
+        assert_eq!(replace_action("BAY07", "tank", "REMOVED", &DiskContent::Blank, false), Ok(Replace::Resilver));
+        assert_eq!(replace_action("BAY07", "tank", "REMOVED", &holds, true), Ok(Replace::Online));
+        let e = replace_action("BAY07", "tank", "FAULTED", &holds, false).expect_err("refused");
+        assert!(
+            e.contains("BAY07") && e.contains("a ext4 signature labelled scratch") && e.contains("never wipes"),
+            "{e}"
+        );
+        let e = replace_action("BAY07", "tank", "REMOVED", &DiskContent::Missing, false).expect_err("refused");
+        assert!(e.contains("empty"), "{e}");
+        let e = replace_action("BAY07", "tank", "ONLINE", &DiskContent::Blank, false).expect_err("refused");
+        assert!(e.contains("nothing to replace"), "{e}");
     }
 }

@@ -1,8 +1,6 @@
 //! The upgrade history on the state partition: one JSON object per line, oldest first, bounded.
 //! It survives reboots and upgrades; a factory reset clears it.
 
-use std::io::Write;
-
 use nasos_layout::state::{self, State};
 use serde::{Deserialize, Serialize};
 
@@ -28,36 +26,12 @@ pub fn now() -> u64 {
 
 /// Appends an event (fsynced), keeping the newest [`state::UPGRADE_HISTORY_KEPT`].
 pub fn record(st: &State, e: &Event) -> std::io::Result<()> {
-    let path = st.path(state::UPGRADE_HISTORY);
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    let mut all = read(st);
-    all.push(e.clone());
-    let keep = all.len().saturating_sub(state::UPGRADE_HISTORY_KEPT);
-    let mut text = String::new();
-    for e in &all[keep..] {
-        text.push_str(&serde_json::to_string(e).unwrap_or_default());
-        text.push('\n');
-    }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
-    if let Some(d) = path.parent() {
-        std::fs::File::open(d)?.sync_all()?;
-    }
-    Ok(())
+    crate::jsonl::append(&st.path(state::UPGRADE_HISTORY), std::slice::from_ref(e), state::UPGRADE_HISTORY_KEPT)
 }
 
 /// Every event kept, oldest first (lines that do not parse are skipped).
 pub fn read(st: &State) -> Vec<Event> {
-    std::fs::read_to_string(st.path(state::UPGRADE_HISTORY))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    crate::jsonl::read(&st.path(state::UPGRADE_HISTORY))
 }
 
 #[cfg(test)]

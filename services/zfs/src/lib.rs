@@ -78,12 +78,18 @@ pub struct PoolStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Vdev {
     pub name: String,
+    /// Absent for some vdevs while a member is being replaced (seen with zpool 2.3.9 right
+    /// after a `zpool replace` finished its resilver).
+    #[serde(default)]
     pub vdev_type: String,
+    #[serde(default)]
     pub guid: u64,
     #[serde(default)]
     pub path: Option<String>,
     #[serde(default)]
     pub class: Option<String>,
+    /// Absent, like `vdev_type`, for a vdev zpool 2.3.9 lists while a replace winds up.
+    #[serde(default = "unknown")]
     pub state: String,
     #[serde(default)]
     pub alloc_space: Option<u64>,
@@ -99,6 +105,10 @@ pub struct Vdev {
     pub slow_ios: Option<u64>,
     #[serde(default)]
     pub vdevs: IndexMap<String, Vdev>,
+}
+
+fn unknown() -> String {
+    "UNKNOWN".to_string()
 }
 
 /// A property's value: a number with `--json-int` where ZFS has one, else text ("-", "1.00x").
