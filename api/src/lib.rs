@@ -38,6 +38,36 @@ impl ShutdownKind {
     }
 }
 
+/// What health tells nasinit after each round ([`nasos_layout::paths::HEALTH_VERDICT`]): the
+/// conditions only a reset can fix — both NFS listeners gone with the nfs service failed, a
+/// pool suspended — each with the time it was first seen. Health reports; PID 1 decides.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthVerdict {
+    pub fatal: Vec<Fatal>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fatal {
+    /// The check's id (`nfs.listeners`, `pool.tank.state`).
+    pub id: String,
+    pub message: String,
+    /// Seconds since the epoch when it was first seen (in a row).
+    pub since: u64,
+}
+
+impl HealthVerdict {
+    /// Reads the verdict; an absent or unreadable one says nothing is fatal (a health agent that
+    /// is not running must not reset the box).
+    pub fn read(path: &Path) -> HealthVerdict {
+        std::fs::read_to_string(path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default()
+    }
+
+    /// The condition held longest, if it has been held for at least `grace_s` at `now`.
+    pub fn outlasting(&self, now: u64, grace_s: u64) -> Option<&Fatal> {
+        self.fatal.iter().filter(|f| now.saturating_sub(f.since) >= grace_s).min_by_key(|f| f.since)
+    }
+}
+
 /// One service, as `nasctl services` shows it. Times are milliseconds since nasinit started;
 /// -1 means "not yet".
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
@@ -203,6 +233,27 @@ impl Client {
             Err(ClientError::Call(zbus::Error::InputOutput(_))) => Ok(()),
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod verdict_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_condition_held_past_its_grace_counts() {
+        let v = HealthVerdict {
+            fatal: vec![
+                Fatal { id: "nfs.listeners".into(), message: "NFS is not listening".into(), since: 100 },
+                Fatal { id: "pool.tank.state".into(), message: "pool tank: SUSPENDED".into(), since: 150 },
+            ],
+        };
+        assert_eq!(v.outlasting(119, 20), None);
+        assert_eq!(v.outlasting(120, 20).map(|f| f.id.as_str()), Some("nfs.listeners"));
+        assert_eq!(v.outlasting(500, 20).map(|f| f.id.as_str()), Some("nfs.listeners"), "the oldest first");
+        assert_eq!(HealthVerdict::default().outlasting(u64::MAX, 0), None);
+        let missing = HealthVerdict::read(Path::new("/nonexistent/verdict.json"));
+        assert!(missing.fatal.is_empty(), "no verdict is no fatal condition");
     }
 }
 

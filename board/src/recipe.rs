@@ -518,6 +518,12 @@ pub struct Health {
     #[serde(default = "default_cpu_temp")]
     #[schemars(range(min = 40, max = 110))]
     pub cpu_temperature_warn_celsius: u32,
+    /// How long a fatal condition (both NFS listeners gone with the nfs service failed, a pool
+    /// suspended) may last before nasinit stops feeding the watchdog, in seconds. A degraded
+    /// pool or a hot drive is never fatal.
+    #[serde(default = "default_fatal_grace")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub fatal_grace_seconds: u32,
     /// Send every alert to these syslog receivers (RFC 5424), e.g. `"udp://10.0.0.5:514"` or
     /// `"tcp://10.0.0.5:601"`; addresses are IP literals (the box resolves no names).
     #[serde(default)]
@@ -548,6 +554,7 @@ impl Default for Health {
             nvme_spare_warn_percent: default_spare(),
             nvme_wear_warn_percent: default_wear(),
             cpu_temperature_warn_celsius: default_cpu_temp(),
+            fatal_grace_seconds: default_fatal_grace(),
             syslog: Vec::new(),
             metrics: None,
         }
@@ -562,6 +569,9 @@ fn default_wear() -> u32 {
 }
 fn default_cpu_temp() -> u32 {
     90
+}
+fn default_fatal_grace() -> u32 {
+    120
 }
 fn default_metrics_port() -> u16 {
     9100

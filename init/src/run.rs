@@ -112,10 +112,14 @@ async fn event_loop(
             // without pause must not starve an operator, a stop deadline or a shutdown. Output
             // is taken in bounded batches so everything else gets its turn in between.
             _ = feed => guarded(&console, "watchdog", || {
-                if let Some(w) = watchdog.as_deref_mut()
-                    && w.tick(Instant::now(), &console) == Some(true)
-                {
-                    sup.watchdog_reset_before_this_boot();
+                if let Some(w) = watchdog.as_deref_mut() {
+                    // Health reports; PID 1 decides: a fatal condition past its grace stops the
+                    // feeding (the watchdog then resets the box), nothing else does.
+                    if w.armed() && sup.health_starves_watchdog(crate::supervisor::unix_now()) {
+                        w.starve();
+                    } else if w.tick(Instant::now(), &console) == Some(true) {
+                        sup.watchdog_reset_before_this_boot();
+                    }
                 }
             }),
             Some(req) = req_rx.recv() => guarded(&console, "request", || sup.request(req)),

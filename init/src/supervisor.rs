@@ -89,6 +89,10 @@ pub struct Supervisor {
     frozen: bool,
     hang_shutdown: bool,
     end: Option<nasos_layout::state::BootEnd>,
+    /// The watchdog is no longer fed: health's fatal condition outlasted its grace.
+    starving: bool,
+    /// When this boot became ready, seconds since the epoch (0 before).
+    ready_since_unix: u64,
 }
 
 impl Supervisor {
@@ -130,6 +134,8 @@ impl Supervisor {
             frozen: false,
             hang_shutdown: false,
             end: None,
+            starving: false,
+            ready_since_unix: 0,
         };
         sup.perform();
         sup
@@ -179,6 +185,7 @@ impl Supervisor {
             Action::Say(line) => self.console.say(&line),
             Action::Log(i, line) => self.handles[i].log.push(&line),
             Action::BecameReady => {
+                self.ready_since_unix = unix_now();
                 if let Some(st) = self.state() {
                     let _ = std::fs::remove_file(st.path(nasos_layout::state::FAILED_BOOTS));
                 }
@@ -431,13 +438,82 @@ impl Supervisor {
     }
 
     /// The watchdog says it reset the machine: the previous boot, which left no record of a
-    /// clean end, ended that way.
+    /// clean end, ended that way — unless it recorded that it let the watchdog reset it for a
+    /// fatal condition, which is the better answer to "why".
     pub fn watchdog_reset_before_this_boot(&mut self) {
-        let end = nasos_layout::state::BootEnd::Watchdog;
+        use nasos_layout::state::{BootEnd, State};
+        if let Some((root, prev)) = &self.facts.previous {
+            let st = State::at(root);
+            if st.boot_end(*prev) == Some(BootEnd::Fatal) {
+                let why = std::fs::read_to_string(st.fatal_file(*prev)).unwrap_or_default();
+                self.facts.last_boot = format!("{}: {}", BootEnd::Fatal.describe(), why.trim());
+                self.console.say(&format!("the last boot ended: {}", self.facts.last_boot));
+                return;
+            }
+            crate::state::record_end(&st, *prev, BootEnd::Watchdog);
+        }
+        let end = BootEnd::Watchdog;
         self.console.say(&format!("the last boot ended: {}", end.describe()));
         self.facts.last_boot = end.describe().to_string();
-        if let Some((root, prev)) = &self.facts.previous {
-            crate::state::record_end(&nasos_layout::state::State::at(root), *prev, end);
+    }
+
+    /// Reads health's verdict (each watchdog tick) and decides whether to keep feeding the
+    /// watchdog. Only a ready appliance is judged (before that, the boot deadline rules), never
+    /// during a shutdown (its own deadline rules). Returns true when the watchdog is to starve.
+    pub fn health_starves_watchdog(&mut self, now_unix: u64) -> bool {
+        use nasos_layout::state::{BootEnd, FATAL_RESETS};
+        if self.core.ready_at.is_none() || self.core.shutdown.is_some() || self.starving {
+            return self.starving;
+        }
+        let grace = u64::from(self.plan.health.fatal_grace_seconds);
+        let verdict = nasos_api::HealthVerdict::read(std::path::Path::new(nasos_layout::paths::HEALTH_VERDICT));
+        let st = self.state();
+        let resets = st
+            .as_ref()
+            .and_then(|st| std::fs::read_to_string(st.path(FATAL_RESETS)).ok())
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        match fatal_decision(
+            &verdict,
+            now_unix,
+            grace,
+            resets,
+            self.plan.liveness.failed_boots_before_staying_up.max(1),
+            self.ready_since_unix,
+        ) {
+            FatalDecision::Feed => false,
+            FatalDecision::Healthy => {
+                if resets > 0
+                    && let Some(st) = &st
+                {
+                    let _ = std::fs::remove_file(st.path(FATAL_RESETS));
+                }
+                false
+            }
+            FatalDecision::StayUp(why) => {
+                if self.facts.why_not_ready != why {
+                    self.console.say(&why);
+                    self.facts.why_not_ready = why;
+                }
+                false
+            }
+            FatalDecision::Starve(f) => {
+                let held = now_unix.saturating_sub(f.since);
+                let why = format!("{} (for {held}s, grace {grace}s)", f.message);
+                self.console.say(&format!(
+                    "health: {why}: only a reset can fix this; no longer feeding the watchdog ({} of {} resets in a row before staying up)",
+                    resets + 1,
+                    self.plan.liveness.failed_boots_before_staying_up.max(1)
+                ));
+                if let Some(st) = &st {
+                    let _ = crate::state::write_atomic(&st.path(FATAL_RESETS), format!("{}\n", resets + 1).as_bytes());
+                    let _ = crate::state::write_atomic(&st.fatal_file(self.facts.boot), format!("{why}\n").as_bytes());
+                    crate::state::record_end(st, self.facts.boot, BootEnd::Fatal);
+                    nix::unistd::sync();
+                }
+                self.starving = true;
+                true
+            }
         }
     }
 
@@ -534,6 +610,45 @@ fn describe(status: &WaitStatus) -> (bool, String) {
     }
 }
 
+/// Seconds since the epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// What to do about health's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FatalDecision {
+    /// Keep feeding; something may be fatal but not for long enough.
+    Feed,
+    /// Nothing fatal, and the box has been ready for a grace period: the guard's count clears.
+    Healthy,
+    /// Starve the watchdog for this condition.
+    Starve(nasos_api::Fatal),
+    /// The guard: this many resets in a row did not clear it; stay up and say why.
+    StayUp(String),
+}
+
+/// The decision, apart from I/O: `resets` in a row so far, `guard` the reboot-loop guard's
+/// count, `ready_since` when this boot became ready (seconds since the epoch).
+pub fn fatal_decision(
+    verdict: &nasos_api::HealthVerdict,
+    now: u64,
+    grace: u64,
+    resets: u32,
+    guard: u32,
+    ready_since: u64,
+) -> FatalDecision {
+    match verdict.outlasting(now, grace) {
+        Some(f) if resets >= guard => FatalDecision::StayUp(format!(
+            "{resets} watchdog resets in a row did not clear a fatal condition: {}; staying up. See nasctl health; nasctl reboot tries again",
+            f.message
+        )),
+        Some(f) => FatalDecision::Starve(f.clone()),
+        None if verdict.fatal.is_empty() && now.saturating_sub(ready_since) >= grace => FatalDecision::Healthy,
+        None => FatalDecision::Feed,
+    }
+}
+
 /// Whether a boot that missed its deadline stays up instead of rebooting. A version on trial
 /// always reboots: systemd-boot counts its tries and boots the previous version once they are
 /// used up, so staying up would keep the box on the bad version. A blessed version stays up after
@@ -552,6 +667,27 @@ fn on_trial() -> Option<String> {
     }
     nasos_layout::entry::booted_on_trial(dir)
         .filter(|e| nasos_layout::entry::parse(e).is_some_and(|p| p.counter.is_some()))
+}
+
+#[cfg(test)]
+mod fatal_tests {
+    use super::{FatalDecision, fatal_decision};
+    use nasos_api::{Fatal, HealthVerdict};
+
+    #[test]
+    fn only_a_fatal_condition_past_its_grace_starves_the_watchdog_and_the_guard_stops_a_loop() {
+        let nfs = Fatal { id: "nfs.listeners".into(), message: "NFS is not listening".into(), since: 1000 };
+        let v = HealthVerdict { fatal: vec![nfs.clone()] };
+        assert_eq!(fatal_decision(&v, 1019, 20, 0, 3, 900), FatalDecision::Feed, "within its grace");
+        assert_eq!(fatal_decision(&v, 1020, 20, 0, 3, 900), FatalDecision::Starve(nfs.clone()));
+        assert_eq!(fatal_decision(&v, 1020, 20, 2, 3, 900), FatalDecision::Starve(nfs));
+        assert!(
+            matches!(fatal_decision(&v, 1020, 20, 3, 3, 900), FatalDecision::StayUp(w) if w.contains("3 watchdog resets in a row"))
+        );
+        let none = HealthVerdict::default();
+        assert_eq!(fatal_decision(&none, 1000, 20, 2, 3, 990), FatalDecision::Feed, "ready only 10 s");
+        assert_eq!(fatal_decision(&none, 1010, 20, 2, 3, 990), FatalDecision::Healthy);
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,9 @@ pub const BAY_DIR: &str = "/dev/disk/by-bay";
 pub const BAY_RULES: &str = "/etc/udev/rules.d/61-nasos-bays.rules";
 /// The health agent's latest round (checks, recent alerts, what it read), for nasctl; on tmpfs.
 pub const HEALTH_REPORT: &str = "/run/nasos/health.json";
+/// The health agent's verdict for nasinit: the fatal conditions it sees and since when (JSON,
+/// `nasos_api::HealthVerdict`); on tmpfs, rewritten every round.
+pub const HEALTH_VERDICT: &str = "/run/nasos/health-verdict.json";
 /// nasinit's control socket (D-Bus, peer to peer, root only).
 pub const CONTROL_SOCKET: &str = "/run/nasinit/control.sock";
 /// Where nasinit keeps each service's log file.

@@ -38,6 +38,8 @@ pub const UPGRADE_HISTORY_KEPT: usize = 200;
 pub const HEALTH_ALERTS: &str = "health/alerts";
 /// How many alerts the history keeps.
 pub const HEALTH_ALERTS_KEPT: usize = 500;
+/// Boots in a row that ended in a watchdog reset for a fatal condition (the reboot-loop guard).
+pub const FATAL_RESETS: &str = "fatal-resets";
 /// Written by `nasctl factory-reset`; the next boot formats the partition afresh.
 pub const FACTORY_RESET: &str = "factory-reset";
 /// How many earlier boots keep their logs.
@@ -57,10 +59,13 @@ pub enum BootEnd {
     Deadline,
     /// The kernel panicked (its last words were found in pstore; kept in `boots/N/pstore/`).
     Panic,
+    /// Health reported a fatal condition that outlasted its grace, and nasinit stopped feeding
+    /// the watchdog (what it was is in `boots/N/fatal`).
+    Fatal,
 }
 
 impl BootEnd {
-    pub const ALL: [BootEnd; 7] = [
+    pub const ALL: [BootEnd; 8] = [
         BootEnd::Unclean,
         BootEnd::Poweroff,
         BootEnd::Reboot,
@@ -68,6 +73,7 @@ impl BootEnd {
         BootEnd::Watchdog,
         BootEnd::Deadline,
         BootEnd::Panic,
+        BootEnd::Fatal,
     ];
 }
 
@@ -81,6 +87,7 @@ impl BootEnd {
             BootEnd::Watchdog => "watchdog",
             BootEnd::Deadline => "deadline",
             BootEnd::Panic => "panic",
+            BootEnd::Fatal => "fatal",
         }
     }
 
@@ -98,6 +105,7 @@ impl BootEnd {
             BootEnd::Watchdog => "hardware watchdog reset",
             BootEnd::Deadline => "missed its boot deadline, rebooted by nasinit",
             BootEnd::Panic => "kernel panic (its log is kept with that boot's record)",
+            BootEnd::Fatal => "reset by the watchdog for a fatal condition health reported",
         }
     }
 }
@@ -156,6 +164,11 @@ impl State {
 
     pub fn end_file(&self, seq: u64) -> PathBuf {
         self.boot_dir(seq).join("end")
+    }
+
+    /// Why a boot that ended [`BootEnd::Fatal`] was reset: the condition, in words.
+    pub fn fatal_file(&self, seq: u64) -> PathBuf {
+        self.boot_dir(seq).join("fatal")
     }
 }
 

@@ -96,6 +96,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("health.nvme_wear_warn_percent", "services/src/health/checks.rs", "h.nvme_wear_warn_percent"),
     ("health.cpu_temperature_warn_celsius", "services/src/health/checks.rs", "h.cpu_temperature_warn_celsius"),
     ("health.metrics", "services/src/health/agent.rs", "plan.health.metrics"),
+    ("health.fatal_grace_seconds", "init/src/supervisor.rs", "plan.health.fatal_grace_seconds"),
     ("health.syslog", "services/src/health/agent.rs", "plan.health.syslog"),
     ("health.syslog[].address", "services/src/health/syslog.rs", "t.address"),
     ("health.syslog[].transport", "services/src/health/syslog.rs", "t.transport"),

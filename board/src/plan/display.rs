@@ -138,6 +138,11 @@ impl fmt::Display for Plan {
             h.pool_capacity_warn_percent,
             h.check_interval_seconds
         )?;
+        writeln!(
+            f,
+            "  the watchdog resets the box when a fatal condition lasts {}s (NFS listeners gone and nfs failed, a pool suspended)",
+            h.fatal_grace_seconds
+        )?;
         match &h.metrics {
             Some(a) => writeln!(f, "  metrics (Prometheus) on http://{a}/metrics")?,
             None => writeln!(f, "  no metrics endpoint")?,

@@ -270,6 +270,7 @@ impl Plan {
                 nvme_spare_warn_percent: 10,
                 nvme_wear_warn_percent: 90,
                 cpu_temperature_warn_celsius: 90,
+                fatal_grace_seconds: 120,
                 syslog: Vec::new(),
                 metrics: None,
             },
@@ -311,6 +312,8 @@ pub struct HealthPlan {
     pub nvme_spare_warn_percent: u32,
     pub nvme_wear_warn_percent: u32,
     pub cpu_temperature_warn_celsius: u32,
+    /// How long a fatal condition may last before nasinit lets the watchdog reset the box.
+    pub fatal_grace_seconds: u32,
     /// Remote syslog receivers for alerts.
     pub syslog: Vec<SyslogTarget>,
     /// Where the Prometheus endpoint listens (`10.77.0.1:9100`), if anywhere.

@@ -239,6 +239,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
             nvme_spare_warn_percent: r.health.nvme_spare_warn_percent,
             nvme_wear_warn_percent: r.health.nvme_wear_warn_percent,
             cpu_temperature_warn_celsius: r.health.cpu_temperature_warn_celsius,
+            fatal_grace_seconds: r.health.fatal_grace_seconds,
             // Checked by validation; a receiver that does not parse cannot reach a plan.
             syslog: r.health.syslog.iter().filter_map(|u| SyslogTarget::parse(u).ok()).collect(),
             metrics: r.health.metrics.as_ref().and_then(|m| {

@@ -65,6 +65,8 @@ pub fn run() -> anyhow::Result<()> {
         history_failed: false,
         dropped: 0,
         unchecked: Vec::new(),
+        fatal_since: BTreeMap::new(),
+        grace: u64::from(plan.health.fatal_grace_seconds),
     };
     round.run(&plan, true);
     notify_ready(&format!("checking every {}s", every.as_secs()))?;
@@ -90,6 +92,10 @@ struct Round {
     history_failed: bool,
     dropped: u64,
     unchecked: Vec<String>,
+    /// Each fatal condition seen, since when (seconds since the epoch), and whether the reset it
+    /// leads to was announced.
+    fatal_since: BTreeMap<String, (u64, bool)>,
+    grace: u64,
 }
 
 impl Round {
@@ -103,7 +109,8 @@ impl Round {
         }
         let now_checks = checks::evaluate(&self.limits, &self.members, &obs, self.before.as_ref());
         let at = now();
-        let alerts = alerts::transitions(&self.checks, &now_checks, at);
+        let mut alerts = alerts::transitions(&self.checks, &now_checks, at);
+        alerts.extend(self.verdict(&obs, at));
         // The history first, then the report and metrics, then the console and syslog: whoever
         // sees an alert and asks `nasctl health` or scrapes finds it already there.
         self.record(&alerts);
@@ -121,6 +128,44 @@ impl Round {
         self.announce(&alerts);
         self.checks = now_checks.into_iter().map(|c| (c.id.clone(), c)).collect();
         self.before = Some(obs);
+    }
+
+    /// Tells nasinit what is fatal and since when ([`paths::HEALTH_VERDICT`]); returns the alert
+    /// that says a reset is coming, once, when a condition outlasts its grace (nasinit decides and
+    /// acts on the same rule; this is what the next boot's history shows).
+    fn verdict(&mut self, obs: &Observation, at: u64) -> Vec<Alert> {
+        let now = checks::fatal(obs);
+        self.fatal_since.retain(|id, _| now.iter().any(|(i, _)| i == id));
+        let mut out = Vec::new();
+        let mut verdict = nasos_api::HealthVerdict::default();
+        for (id, message) in now {
+            let (since, announced) = self.fatal_since.entry(id.clone()).or_insert((at, false));
+            if at.saturating_sub(*since) >= self.grace && !*announced {
+                *announced = true;
+                out.push(Alert {
+                    at,
+                    id: "watchdog".into(),
+                    from: checks::Severity::Ok,
+                    to: checks::Severity::Critical,
+                    message: format!(
+                        "{message}, for {}s (grace {}s): nasinit stops feeding the watchdog and the box resets",
+                        at - *since,
+                        self.grace
+                    ),
+                });
+            }
+            verdict.fatal.push(nasos_api::Fatal { id, message, since: *since });
+        }
+        let path = Path::new(paths::HEALTH_VERDICT);
+        let written = serde_json::to_vec(&verdict).map_err(std::io::Error::other).and_then(|b| {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, b)?;
+            std::fs::rename(tmp, path)
+        });
+        if let Err(e) = written {
+            say(format!("cannot write {}: {e}", paths::HEALTH_VERDICT));
+        }
+        out
     }
 
     /// Alerts to the console, the service log and syslog.

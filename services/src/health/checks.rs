@@ -326,6 +326,40 @@ pub fn evaluate(
     out
 }
 
+/// The conditions only a reset can fix, as (check id, message): no NFS listener left and the nfs
+/// service failed (its restarts used up), or a pool suspended. A degraded pool, a missing drive
+/// or a hot one never is: a reset would only take the box away from its clients.
+pub fn fatal(now: &Observation) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(n) = &now.nfs {
+        let listening = n
+            .listeners
+            .iter()
+            .any(|l| (l.transport == "tcp" && l.port == 2049) || (l.transport == "rdma" && l.port == 20049));
+        let failed = now
+            .services
+            .as_ref()
+            .ok()
+            .and_then(|l| l.iter().find(|s| s.name == "nfs"))
+            .is_some_and(|s| s.state == "failed");
+        if !listening && failed {
+            out.push((
+                "nfs.listeners".to_string(),
+                "NFS serves nothing: no listener on tcp 2049 or rdma 20049, and the nfs service failed".to_string(),
+            ));
+        }
+    }
+    if let Ok(pools) = &now.pools {
+        for p in pools.iter().filter(|p| p.state == "SUSPENDED") {
+            out.push((
+                format!("pool.{}.state", p.name),
+                format!("pool {} is SUSPENDED: ZFS stopped all I/O to it", p.name),
+            ));
+        }
+    }
+    out
+}
+
 /// The bays the plan puts in pools, with their pool: (bay, pool).
 pub fn pool_members(plan: &nasos_board::Plan) -> Vec<(String, String)> {
     plan.pools
@@ -441,6 +475,30 @@ mod tests {
         assert_eq!(*s, Severity::Critical);
         assert!(m.starts_with("BAY01: ") && m.contains("temperature") && m.contains("reliability degraded"), "{m}");
         assert_eq!(sev(&checks, "bay.BAY01.temperature").map(|c| *c.0), Some(Severity::Warning));
+    }
+
+    #[test]
+    fn only_what_a_reset_can_fix_is_fatal() {
+        let mut o = obs();
+        assert!(fatal(&o).is_empty());
+        // A degraded pool with a pulled drive: never fatal.
+        if let Ok(p) = &mut o.pools {
+            p[0].state = "DEGRADED".into();
+        }
+        o.bays[0].device = None;
+        assert!(fatal(&o).is_empty());
+        // Listeners gone while nfs restarts: not yet.
+        o.nfs.as_mut().expect("nfs").listeners.clear();
+        assert!(fatal(&o).is_empty(), "nfs may still come back");
+        o.services = Ok(vec![ServiceObs { name: "nfs".into(), state: "failed".into(), restarts: 5 }]);
+        assert_eq!(fatal(&o).iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), vec!["nfs.listeners"]);
+        // An operator's stop is not a failure.
+        o.services = Ok(vec![ServiceObs { name: "nfs".into(), state: "stopped".into(), restarts: 0 }]);
+        assert!(fatal(&o).is_empty());
+        if let Ok(p) = &mut o.pools {
+            p[0].state = "SUSPENDED".into();
+        }
+        assert_eq!(fatal(&o).iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), vec!["pool.tank.state"]);
     }
 
     #[test]

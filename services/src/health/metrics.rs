@@ -70,7 +70,7 @@ fn clamp(v: u128) -> u64 {
 pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
     let mut s = Sheet { registry: Registry::default(), gauges: Vec::new(), counters: Vec::new() };
     let o = &report.observation;
-    s.gauge("nasos_health_overall", "Worst check severity: 0 ok, 1 warning, 2 critical.", vec![], sev(report.overall));
+    s.gauge("nasos_health_overall", "Worst check severity: 0 ok, 1 warning, 2 critical", vec![], sev(report.overall));
     for c in all_checks {
         s.gauge(
             "nasos_health_check",
@@ -81,10 +81,10 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
     }
     for b in &o.bays {
         let l = || vec![("bay", b.bay.clone())];
-        s.gauge("nasos_bay_present", "1 when the bay holds a drive.", l(), f64::from(u8::from(b.device.is_some())));
+        s.gauge("nasos_bay_present", "1 when the bay holds a drive", l(), f64::from(u8::from(b.device.is_some())));
         if let Some(Ok(m)) = &b.smart {
             if let Some(c) = m.celsius() {
-                s.gauge("nasos_nvme_temperature_celsius", "NVMe composite temperature.", l(), c);
+                s.gauge("nasos_nvme_temperature_celsius", "NVMe composite temperature", l(), c);
             }
             s.gauge(
                 "nasos_nvme_critical_warning",
@@ -92,9 +92,9 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
                 l(),
                 f64::from(m.critical_warning),
             );
-            s.gauge("nasos_nvme_available_spare_percent", "NVMe available spare.", l(), f64::from(m.avail_spare));
-            s.gauge("nasos_nvme_percent_used", "NVMe rated endurance used.", l(), f64::from(m.percent_used));
-            s.counter("nasos_nvme_media_errors", "NVMe media and data integrity errors.", l(), clamp(m.media_errors));
+            s.gauge("nasos_nvme_available_spare_percent", "NVMe available spare", l(), f64::from(m.avail_spare));
+            s.gauge("nasos_nvme_percent_used", "NVMe rated endurance used", l(), f64::from(m.percent_used));
+            s.counter("nasos_nvme_media_errors", "NVMe media and data integrity errors", l(), clamp(m.media_errors));
             s.counter(
                 "nasos_nvme_data_units_read",
                 "NVMe data units read (1000 × 512 bytes each).",
@@ -107,7 +107,7 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
                 l(),
                 clamp(m.data_units_written),
             );
-            s.counter("nasos_nvme_unsafe_shutdowns", "NVMe unsafe shutdowns.", l(), clamp(m.unsafe_shutdowns));
+            s.counter("nasos_nvme_unsafe_shutdowns", "NVMe unsafe shutdowns", l(), clamp(m.unsafe_shutdowns));
         }
     }
     if let Ok(pools) = &o.pools {
@@ -123,13 +123,13 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
                     f64::from(u8::from(p.state == state)),
                 );
             }
-            s.gauge("nasos_pool_capacity_percent", "Pool capacity used.", l(), p.capacity_percent as f64);
-            s.gauge("nasos_pool_size_bytes", "Pool size.", l(), p.size_bytes as f64);
-            s.gauge("nasos_pool_allocated_bytes", "Pool space allocated.", l(), p.allocated_bytes as f64);
+            s.gauge("nasos_pool_capacity_percent", "Pool capacity used", l(), p.capacity_percent as f64);
+            s.gauge("nasos_pool_size_bytes", "Pool size", l(), p.size_bytes as f64);
+            s.gauge("nasos_pool_allocated_bytes", "Pool space allocated", l(), p.allocated_bytes as f64);
             if let Some((what, pct)) = &p.scan {
                 let mut lab = l();
                 lab.push(("scan", what.clone()));
-                s.gauge("nasos_pool_scan_percent", "Progress of a running resilver or scrub.", lab, *pct);
+                s.gauge("nasos_pool_scan_percent", "Progress of a running resilver or scrub", lab, *pct);
             }
             for m in &p.members {
                 let lab = || vec![("pool", p.name.clone()), ("bay", m.disk.clone()), ("vdev", m.group.clone())];
@@ -142,19 +142,19 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
                 for (kind, n) in [("read", m.read_errors), ("write", m.write_errors), ("checksum", m.checksum_errors)] {
                     let mut e = lab();
                     e.push(("kind", kind.to_string()));
-                    s.counter("nasos_pool_member_errors", "ZFS I/O errors of a member disk.", e, n);
+                    s.counter("nasos_pool_member_errors", "ZFS I/O errors of a member disk", e, n);
                 }
             }
         }
     }
     for l in &o.links {
         let lab = || vec![("link", l.name.clone())];
-        s.gauge("nasos_link_up", "1 when the link's operstate is up.", lab(), f64::from(u8::from(l.operstate == "up")));
+        s.gauge("nasos_link_up", "1 when the link's operstate is up", lab(), f64::from(u8::from(l.operstate == "up")));
         if let Some(sp) = l.speed_mbps {
-            s.gauge("nasos_link_speed_mbps", "Negotiated link speed.", lab(), sp as f64);
+            s.gauge("nasos_link_speed_mbps", "Negotiated link speed", lab(), sp as f64);
         }
-        s.counter("nasos_link_receive_bytes", "Bytes received on the link.", lab(), l.rx_bytes);
-        s.counter("nasos_link_transmit_bytes", "Bytes sent on the link.", lab(), l.tx_bytes);
+        s.counter("nasos_link_receive_bytes", "Bytes received on the link", lab(), l.rx_bytes);
+        s.counter("nasos_link_transmit_bytes", "Bytes sent on the link", lab(), l.tx_bytes);
     }
     for r in &o.rdma {
         let lab = || vec![("device", r.device.clone()), ("port", r.port.to_string()), ("link", r.link.clone())];
@@ -167,7 +167,7 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
         for (name, v) in &r.counters {
             let mut c = lab();
             c.push(("counter", name.clone()));
-            s.counter("nasos_rdma_port_events", "The RDMA port's hardware counters, by the driver's names.", c, *v);
+            s.counter("nasos_rdma_port_events", "The RDMA port's hardware counters, by the driver's names", c, *v);
         }
     }
     if let Some(n) = &o.nfs {
@@ -180,10 +180,10 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
                 f64::from(u8::from(on)),
             );
         }
-        s.gauge("nasos_nfsd_threads", "nfsd threads.", vec![], f64::from(n.threads));
-        s.counter("nasos_nfsd_read_bytes", "Bytes nfsd read for clients.", vec![], n.read_bytes);
-        s.counter("nasos_nfsd_written_bytes", "Bytes nfsd wrote for clients.", vec![], n.written_bytes);
-        s.counter("nasos_nfsd_rpc_calls", "RPC calls nfsd answered.", vec![], n.rpc_calls);
+        s.gauge("nasos_nfsd_threads", "nfsd threads", vec![], f64::from(n.threads));
+        s.counter("nasos_nfsd_read_bytes", "Bytes nfsd read for clients", vec![], n.read_bytes);
+        s.counter("nasos_nfsd_written_bytes", "Bytes nfsd wrote for clients", vec![], n.written_bytes);
+        s.counter("nasos_nfsd_rpc_calls", "RPC calls nfsd answered", vec![], n.rpc_calls);
     }
     if let Ok(list) = &o.services {
         for sv in list {
@@ -201,15 +201,15 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
                 lab(),
                 f64::from(u8::from(sv.state == "failed")),
             );
-            s.counter("nasos_service_restarts", "Restarts of the service this boot.", lab(), u64::from(sv.restarts));
+            s.counter("nasos_service_restarts", "Restarts of the service this boot", lab(), u64::from(sv.restarts));
         }
     }
     if let Some(c) = o.cpu_celsius {
-        s.gauge("nasos_cpu_temperature_celsius", "CPU temperature (k10temp).", vec![], c);
+        s.gauge("nasos_cpu_temperature_celsius", "CPU temperature (k10temp)", vec![], c);
     }
     if let Some((ce, ue)) = o.ecc {
-        s.counter("nasos_memory_ecc_corrected_errors", "Corrected memory errors (EDAC).", vec![], ce);
-        s.counter("nasos_memory_ecc_uncorrected_errors", "Uncorrected memory errors (EDAC).", vec![], ue);
+        s.counter("nasos_memory_ecc_corrected_errors", "Corrected memory errors (EDAC)", vec![], ce);
+        s.counter("nasos_memory_ecc_uncorrected_errors", "Uncorrected memory errors (EDAC)", vec![], ue);
     }
     let mut out = String::new();
     // Writing to a String cannot fail.
@@ -328,16 +328,16 @@ mod tests {
         let (r, checks) = full();
         let text = render(&r, &checks);
         for line in [
-            "nasos_health_overall 2",
-            "nasos_health_check{check=\"bay.BAY07.present\"} 2",
-            "nasos_bay_present{bay=\"BAY07\"} 0",
-            "nasos_bay_present{bay=\"BAY01\"} 1",
-            "nasos_nvme_critical_warning{bay=\"BAY01\"} 2",
-            "nasos_pool_state{pool=\"tank\",state=\"DEGRADED\"} 1",
-            "nasos_pool_member_online{pool=\"tank\",bay=\"BAY07\",vdev=\"raidz2-1\"} 0",
+            "nasos_health_overall 2.0",
+            "nasos_health_check{check=\"bay.BAY07.present\"} 2.0",
+            "nasos_bay_present{bay=\"BAY07\"} 0.0",
+            "nasos_bay_present{bay=\"BAY01\"} 1.0",
+            "nasos_nvme_critical_warning{bay=\"BAY01\"} 2.0",
+            "nasos_pool_state{pool=\"tank\",state=\"DEGRADED\"} 1.0",
+            "nasos_pool_member_online{pool=\"tank\",bay=\"BAY07\",vdev=\"raidz2-1\"} 0.0",
             "nasos_pool_scan_percent{pool=\"tank\",scan=\"resilver\"} 12.5",
             "nasos_rdma_port_events_total{device=\"rxe0\",port=\"1\",link=\"data0\",counter=\"rcvd_seq_err\"} 3",
-            "nasos_nfs_listener{transport=\"rdma\"} 0",
+            "nasos_nfs_listener{transport=\"rdma\"} 0.0",
             "nasos_service_restarts_total{service=\"nfs\"} 1",
             "# TYPE nasos_nvme_media_errors_total counter",
         ] {
