@@ -33,6 +33,7 @@ fn main() -> ExitCode {
     s.check("lifecycle::ctrl_alt_del_is_an_orderly_reboot", ctrl_alt_del);
     s.check("health::a_pulled_bay_is_named_within_10s_on_every_channel", pulled_bay);
     s.check("health::an_nvme_critical_warning_is_critical_for_its_bay", critical_warning);
+    s.check("health::a_second_bay_of_the_vdev_pulled_during_rdma_reads_loses_nothing", second_pull_during_reads);
     s.check("health::replace_takes_a_blank_disk_in_the_pulled_bay_and_resilvers", replace_bay);
     s.teardown(|| {
         if let Some(pair) = PAIR.take() {
@@ -402,8 +403,43 @@ fn critical_warning() {
     });
 }
 
-/// A blank disk put into the bay pulled above gets the bay's name at once; `nasctl replace`
-/// refuses nothing here, resilvers onto it, the pool is ONLINE again and the alerts clear.
+/// A second drive of the same raidz2 vdev (BAY08, beside the pulled BAY07) pulled while the
+/// client reads over RDMA with the appliance's data cache off: every read completes with the
+/// right sha256 and no I/O error, the pool is DEGRADED, and both bays are named.
+fn second_pull_during_reads() {
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        ok(nas, "zfs set primarycache=metadata tank/train");
+        mount_train(gpu, "rdma", "/tmp/mnt-pull");
+        let file = "/tmp/mnt-pull/job/during-pull";
+        ok(gpu, &format!("setpriv --reuid=1000 --regid=1000 --clear-groups dd if=/dev/urandom of={file} bs=1M count=32 status=none"));
+        let want = digest(&ok(gpu, &format!("sync; sha256sum < {file}")));
+        ok(
+            gpu,
+            &format!(
+                // In the background (the outer parentheses let the console helper append its marker).
+                "( (for i in 1 2 3; do echo 3 > /proc/sys/vm/drop_caches; sha256sum < {file} 2>&1; done; echo READS-DONE) > /tmp/reads.txt 2>&1 & )"
+            ),
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        nas.pull_bay(8).expect("pull BAY08");
+        nas.wait_for("health: CRITICAL BAY08: drive missing (a member of pool tank)", Duration::from_secs(10))
+            .expect("the second pulled bay on the console within 10 s");
+        let reads = poll(gpu, "cat /tmp/reads.txt", "READS-DONE", Duration::from_secs(180));
+        let sums: Vec<&str> = reads.lines().filter(|l| !l.contains("READS-DONE")).collect();
+        assert_eq!(sums.len(), 3, "{reads}");
+        for l in &sums {
+            assert_eq!(digest(l), want, "a read during the pull: {reads}");
+        }
+        let health = ok(nas, "nasctl health");
+        assert!(health.contains("BAY07: drive missing") && health.contains("BAY08: drive missing"), "{health}");
+        assert!(health.contains("pool tank: DEGRADED"), "{health}");
+        ok(gpu, "umount /tmp/mnt-pull");
+        ok(nas, "zfs inherit primarycache tank/train");
+    });
+}
+
+/// A blank disk put into each bay pulled above gets the bay's name at once; `nasctl replace`
+/// resilvers onto it, the pool is ONLINE again and the alerts clear.
 fn replace_bay() {
     PAIR.with(|Pair { nas, .. }| {
         let (_, st) = nas.run("nasctl replace BAY07", Duration::from_secs(60)).expect("replace");
@@ -416,6 +452,16 @@ fn replace_bay() {
             .expect("the bay's alert clears when a drive is in it");
         let out = ok(nas, "nasctl replace BAY07");
         assert!(out.contains("BAY07: resilvering pool tank onto the new disk"), "{out}");
+        // The second pulled bay (if the check before ran) gets its blank disk too.
+        let (_, missing8) = nas.run("test -e /dev/disk/by-bay/BAY08", Duration::from_secs(30)).expect("test");
+        if missing8 != 0 {
+            let blank8 = repo().join("build/e2e/datapath/blank-bay08.qcow2");
+            let _ = std::fs::remove_file(&blank8);
+            nas.plug_bay(8, &blank8).expect("plug a blank disk into BAY08");
+            poll(nas, "ls /dev/disk/by-bay/", "BAY08", Duration::from_secs(15));
+            let out = ok(nas, "nasctl replace BAY08");
+            assert!(out.contains("BAY08: resilvering pool tank onto the new disk"), "{out}");
+        }
         let t = std::time::Instant::now();
         let status = poll(nas, "zpool status -x tank", "is healthy", Duration::from_secs(300));
         eprintln!("resilver onto a blank disk: {:.1}s", t.elapsed().as_secs_f64());
