@@ -55,6 +55,11 @@ pub fn main(name: &str, verbs: &[&str], run: impl FnOnce(&str) -> anyhow::Result
     }
 }
 
+/// Seconds since the epoch (history entries, alerts, health's verdict).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// Prints a line for the service log (nasinit captures stdout).
 pub fn say(line: impl AsRef<str>) {
     println!("{}", line.as_ref());

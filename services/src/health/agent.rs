@@ -67,6 +67,11 @@ pub fn run() -> anyhow::Result<()> {
         unchecked: Vec::new(),
         fatal_since: BTreeMap::new(),
         grace: u64::from(plan.health.fatal_grace_seconds),
+        // One runtime for the agent's life, for the calls to nasinit each round.
+        rt: tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("no runtime to ask nasinit with: {e}")),
     };
     round.run(&plan, true);
     notify_ready(&format!("checking every {}s", every.as_secs()))?;
@@ -96,11 +101,16 @@ struct Round {
     /// leads to was announced.
     fatal_since: BTreeMap<String, (u64, bool)>,
     grace: u64,
+    rt: Result<tokio::runtime::Runtime, String>,
 }
 
 impl Round {
     fn run(&mut self, plan: &nasos_board::Plan, first: bool) {
-        let obs = observe::observe(plan, services());
+        let services = match &self.rt {
+            Ok(rt) => services(rt),
+            Err(e) => Err(e.clone()),
+        };
+        let obs = observe::observe(plan, services);
         if first {
             self.unchecked = unchecked(&obs);
             for u in &self.unchecked {
@@ -108,7 +118,7 @@ impl Round {
             }
         }
         let now_checks = checks::evaluate(&self.limits, &self.members, &obs, self.before.as_ref());
-        let at = now();
+        let at = crate::unix_now();
         let mut alerts = alerts::transitions(&self.checks, &now_checks, at);
         alerts.extend(self.verdict(&obs, at));
         // The history first, then the report and metrics, then the console and syslog: whoever
@@ -122,7 +132,7 @@ impl Round {
         if let Ok(mut l) = self.latest.lock() {
             *l = text;
         }
-        if let Err(e) = write_report(Path::new(paths::HEALTH_REPORT), &report) {
+        if let Err(e) = write_json(Path::new(paths::HEALTH_REPORT), &report) {
             say(format!("cannot write {}: {e}", paths::HEALTH_REPORT));
         }
         self.announce(&alerts);
@@ -156,13 +166,7 @@ impl Round {
             }
             verdict.fatal.push(nasos_api::Fatal { id, message, since: *since });
         }
-        let path = Path::new(paths::HEALTH_VERDICT);
-        let written = serde_json::to_vec(&verdict).map_err(std::io::Error::other).and_then(|b| {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, b)?;
-            std::fs::rename(tmp, path)
-        });
-        if let Err(e) = written {
+        if let Err(e) = write_json(Path::new(paths::HEALTH_VERDICT), &verdict) {
             say(format!("cannot write {}: {e}", paths::HEALTH_VERDICT));
         }
         out
@@ -224,16 +228,14 @@ fn unchecked(o: &Observation) -> Vec<String> {
     out
 }
 
-pub fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn write_report(path: &Path, r: &Report) -> std::io::Result<()> {
+/// Replaces `path` with `value` as JSON, whole (through a temporary file): readers never see
+/// half of it. These files are on tmpfs and rewritten every round, so nothing is fsynced.
+fn write_json(path: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
     }
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(r).map_err(std::io::Error::other)?)?;
+    std::fs::write(&tmp, serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
     std::fs::rename(tmp, path)
 }
 
@@ -252,8 +254,7 @@ fn console(line: &str) {
 }
 
 /// Services as nasinit reports them, over its control socket.
-fn services() -> Result<Vec<ServiceObs>, String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+fn services(rt: &tokio::runtime::Runtime) -> Result<Vec<ServiceObs>, String> {
     rt.block_on(async {
         let ask = async {
             let client = nasos_api::Client::connect(Path::new(nasos_api::DEFAULT_SOCKET)).await?;

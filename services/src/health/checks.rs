@@ -180,7 +180,7 @@ pub fn evaluate(
                 let errors: Vec<String> = p
                     .members
                     .iter()
-                    .filter(|m| m.read_errors + m.write_errors + m.checksum_errors > 0)
+                    .filter(|m| m.errors > 0)
                     .map(|m| {
                         format!(
                             "{}: {} read, {} write, {} checksum",
@@ -513,6 +513,7 @@ mod tests {
                 disk: "BAY07".into(),
                 group: "raidz2-1".into(),
                 state: "REMOVED".into(),
+                errors: 2,
                 read_errors: 0,
                 write_errors: 2,
                 checksum_errors: 0,

@@ -25,32 +25,28 @@ struct Sheet {
     counters: Vec<(&'static str, Counters)>,
 }
 
+/// The family registered as `name`, registered on first use.
+fn family<F>(registry: &mut Registry, known: &mut Vec<(&'static str, F)>, name: &'static str, help: &str) -> F
+where
+    F: prometheus_client::registry::Metric + Clone + Default,
+{
+    if let Some((_, f)) = known.iter().find(|(n, _)| *n == name) {
+        return f.clone();
+    }
+    let f = F::default();
+    registry.register(name, help, f.clone());
+    known.push((name, f.clone()));
+    f
+}
+
 impl Sheet {
     fn gauge(&mut self, name: &'static str, help: &str, labels: Labels, v: f64) {
-        let fam = match self.gauges.iter().find(|(n, _)| *n == name) {
-            Some((_, f)) => f.clone(),
-            None => {
-                let f = Gauges::default();
-                self.registry.register(name, help, f.clone());
-                self.gauges.push((name, f.clone()));
-                f
-            }
-        };
-        fam.get_or_create(&labels).set(v);
+        family(&mut self.registry, &mut self.gauges, name, help).get_or_create(&labels).set(v);
     }
 
     /// `name` without `_total`: the crate adds it.
     fn counter(&mut self, name: &'static str, help: &str, labels: Labels, v: u64) {
-        let fam = match self.counters.iter().find(|(n, _)| *n == name) {
-            Some((_, f)) => f.clone(),
-            None => {
-                let f = Counters::default();
-                self.registry.register(name, help, f.clone());
-                self.counters.push((name, f.clone()));
-                f
-            }
-        };
-        fam.get_or_create(&labels).inc_by(v);
+        family(&mut self.registry, &mut self.counters, name, help).get_or_create(&labels).inc_by(v);
     }
 }
 
@@ -279,6 +275,7 @@ mod tests {
                     disk: "BAY07".into(),
                     group: "raidz2-1".into(),
                     state: "REMOVED".into(),
+                    errors: 1,
                     read_errors: 0,
                     write_errors: 1,
                     checksum_errors: 0,

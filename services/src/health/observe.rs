@@ -52,17 +52,8 @@ pub struct PoolObs {
     pub scan: Option<(String, f64)>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberObs {
-    /// The bay (`BAY03`) when the disk is named by bay, else the device name.
-    pub disk: String,
-    /// The top-level vdev (`raidz2-1`, `spare`).
-    pub group: String,
-    pub state: String,
-    pub read_errors: u64,
-    pub write_errors: u64,
-    pub checksum_errors: u64,
-}
+/// A pool's member disk, by bay, with its error counters: ZFS's summary of it.
+pub type MemberObs = nasos_zfs::summary::Member;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkObs {
@@ -147,42 +138,11 @@ fn pools() -> Result<Vec<PoolObs>, String> {
                 capacity_percent: prop("capacity").unwrap_or(0),
                 size_bytes: prop("size").unwrap_or(0),
                 allocated_bytes: prop("allocated").unwrap_or(0),
-                members: members(p),
+                members: nasos_zfs::summary::members(p),
                 scan: p.scan_stats.as_ref().and_then(scan),
             }
         })
         .collect())
-}
-
-/// Every leaf of a pool with its error counters, named by bay.
-pub fn members(pool: &nasos_zfs::PoolStatus) -> Vec<MemberObs> {
-    fn walk(v: &nasos_zfs::Vdev, group: &str, out: &mut Vec<MemberObs>) {
-        if v.vdevs.is_empty() {
-            out.push(MemberObs {
-                disk: v.name.rsplit('/').next().unwrap_or(&v.name).trim_end_matches("-part1").to_string(),
-                group: group.to_string(),
-                state: v.state.clone(),
-                read_errors: v.read_errors,
-                write_errors: v.write_errors,
-                checksum_errors: v.checksum_errors,
-            });
-        }
-        for c in v.vdevs.values() {
-            walk(c, group, out);
-        }
-    }
-    let mut out = Vec::new();
-    for root in pool.vdevs.values() {
-        for (name, top) in &root.vdevs {
-            walk(top, name, &mut out);
-        }
-    }
-    for (class, list) in [("logs", &pool.logs), ("cache", &pool.l2cache), ("spare", &pool.spares)] {
-        for v in list.values() {
-            walk(v, class, &mut out);
-        }
-    }
-    out
 }
 
 /// A running resilver or scrub from `zpool status -j`'s scan_stats: (function, percent).

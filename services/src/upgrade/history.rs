@@ -20,9 +20,7 @@ pub struct Event {
     pub detail: String,
 }
 
-pub fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
+pub use crate::unix_now as now;
 
 /// Appends an event (fsynced), keeping the newest [`state::UPGRADE_HISTORY_KEPT`].
 pub fn record(st: &State, e: &Event) -> std::io::Result<()> {

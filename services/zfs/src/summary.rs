@@ -1,17 +1,21 @@
 //! What an operator wants from a pool at a glance: health, space, and each member by bay.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{PoolStatus, Vdev};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     /// The bay (`BAY03`) when the disk is named by bay, else the device name.
     pub disk: String,
     /// The top-level vdev it belongs to (`raidz2-0`, `spare`, …).
     pub group: String,
     pub state: String,
+    /// Read + write + checksum errors.
     pub errors: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub checksum_errors: u64,
 }
 
 /// Every leaf disk of a pool, in the order ZFS lists them: data vdevs, then logs, cache and
@@ -56,6 +60,9 @@ fn leaf(v: &Vdev, group: &str) -> Member {
         group: group.to_string(),
         state: v.state.clone(),
         errors: v.read_errors + v.write_errors + v.checksum_errors,
+        read_errors: v.read_errors,
+        write_errors: v.write_errors,
+        checksum_errors: v.checksum_errors,
     }
 }
 
