@@ -499,7 +499,8 @@ fn show_pools(json: bool) -> anyhow::Result<()> {
             println!("  {} in progress: {:.1}% done", s.function, s.percent);
         }
         for m in &p.members {
-            println!("  {:<8} {:<10} {:<8} errors {}", m.disk, m.group, m.state, m.errors);
+            let spare = m.spare_for.as_ref().map(|d| format!("  hot spare in for {d}")).unwrap_or_default();
+            println!("  {:<8} {:<10} {:<8} errors {}{spare}", m.disk, m.group, m.state, m.errors);
         }
         for d in &p.datasets {
             println!(

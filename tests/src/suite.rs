@@ -26,7 +26,16 @@ impl Suite {
 
     /// A check: a panic (a failed assertion) fails it, and the suite goes on.
     pub fn check(&mut self, name: &str, f: impl FnOnce() + Send + 'static) {
+        let label = name.to_string();
         self.trials.push(Trial::test(name, move || {
+            // Printed whether the check passes or fails: CI's time is the sum of these.
+            struct Took(String, std::time::Instant);
+            impl Drop for Took {
+                fn drop(&mut self) {
+                    eprintln!("[{} took {:.0}s]", self.0, self.1.elapsed().as_secs_f64());
+                }
+            }
+            let _took = Took(label, std::time::Instant::now());
             f();
             Ok(())
         }));

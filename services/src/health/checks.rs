@@ -170,8 +170,16 @@ pub fn evaluate(
                     .filter(|m| m.state != "ONLINE" && m.group != "spare")
                     .map(|m| format!("{} {} in {}", m.disk, m.state, m.group))
                     .collect();
-                if !bad.is_empty() {
-                    message.push_str(&format!(" ({})", bad.join(", ")));
+                // A hot spare at work, named once (it is listed in its vdev and among the spares).
+                let mut spares: Vec<String> = p
+                    .members
+                    .iter()
+                    .filter(|m| m.group != "spare")
+                    .filter_map(|m| m.spare_for.as_ref().map(|d| format!("hot spare {} in for {d}", m.disk)))
+                    .collect();
+                spares.dedup();
+                if !bad.is_empty() || !spares.is_empty() {
+                    message.push_str(&format!(" ({})", bad.into_iter().chain(spares).collect::<Vec<_>>().join(", ")));
                 }
                 if let Some((what, pct)) = &p.scan {
                     message.push_str(&format!("; {what} {pct:.0}% done"));
@@ -509,15 +517,22 @@ mod tests {
         if let Ok(pools) = &mut o.pools {
             pools[0].state = "DEGRADED".into();
             pools[0].capacity_percent = 85;
-            pools[0].members = vec![MemberObs {
-                disk: "BAY07".into(),
-                group: "raidz2-1".into(),
-                state: "REMOVED".into(),
-                errors: 2,
+            let member = |disk: &str, group: &str, state: &str, spare_for: Option<&str>| MemberObs {
+                disk: disk.into(),
+                group: group.into(),
+                state: state.into(),
+                errors: 0,
                 read_errors: 0,
-                write_errors: 2,
+                write_errors: 0,
                 checksum_errors: 0,
-            }];
+                spare_for: spare_for.map(String::from),
+            };
+            pools[0].members = vec![
+                MemberObs { errors: 2, write_errors: 2, ..member("BAY07", "raidz2-1", "REMOVED", None) },
+                member("BAY11", "raidz2-1", "ONLINE", Some("BAY07")),
+                member("BAY11", "spare", "INUSE", Some("BAY07")),
+                member("BAY12", "spare", "AVAIL", None),
+            ];
             pools[0].scan = Some(("resilver".into(), 40.0));
         }
         o.links[0].operstate = "down".into();
@@ -530,7 +545,10 @@ mod tests {
         let checks = evaluate(&limits(), &members, &o, Some(&before));
         assert_eq!(
             sev(&checks, "pool.tank.state"),
-            Some((&Severity::Warning, "pool tank: DEGRADED (BAY07 REMOVED in raidz2-1); resilver 40% done"))
+            Some((
+                &Severity::Warning,
+                "pool tank: DEGRADED (BAY07 REMOVED in raidz2-1, hot spare BAY11 in for BAY07); resilver 40% done"
+            ))
         );
         assert_eq!(sev(&checks, "pool.tank.errors").map(|c| *c.0), Some(Severity::Warning));
         assert_eq!(sev(&checks, "pool.tank.capacity").map(|c| *c.0), Some(Severity::Warning));

@@ -129,12 +129,22 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
             }
             for m in &p.members {
                 let lab = || vec![("pool", p.name.clone()), ("bay", m.disk.clone()), ("vdev", m.group.clone())];
+                // A hot spare waiting (AVAIL) or at work (INUSE) is as it should be.
+                let fine = m.state == "ONLINE" || (m.group == "spare" && matches!(m.state.as_str(), "AVAIL" | "INUSE"));
                 s.gauge(
                     "nasos_pool_member_online",
-                    "1 when the member disk is ONLINE.",
+                    "1 when the member disk is ONLINE (a hot spare: AVAIL or INUSE).",
                     lab(),
-                    f64::from(u8::from(m.state == "ONLINE")),
+                    f64::from(u8::from(fine)),
                 );
+                if m.group == "spare" {
+                    s.gauge(
+                        "nasos_pool_spare_in_use",
+                        "1 while the hot spare stands in for a member of its pool",
+                        vec![("pool", p.name.clone()), ("bay", m.disk.clone())],
+                        f64::from(u8::from(m.spare_for.is_some())),
+                    );
+                }
                 for (kind, n) in [("read", m.read_errors), ("write", m.write_errors), ("checksum", m.checksum_errors)] {
                     let mut e = lab();
                     e.push(("kind", kind.to_string()));
@@ -271,15 +281,28 @@ mod tests {
                 capacity_percent: 3,
                 size_bytes: 1 << 30,
                 allocated_bytes: 1 << 20,
-                members: vec![MemberObs {
-                    disk: "BAY07".into(),
-                    group: "raidz2-1".into(),
-                    state: "REMOVED".into(),
-                    errors: 1,
-                    read_errors: 0,
-                    write_errors: 1,
-                    checksum_errors: 0,
-                }],
+                members: vec![
+                    MemberObs {
+                        disk: "BAY07".into(),
+                        group: "raidz2-1".into(),
+                        state: "REMOVED".into(),
+                        errors: 1,
+                        read_errors: 0,
+                        write_errors: 1,
+                        checksum_errors: 0,
+                        spare_for: None,
+                    },
+                    MemberObs {
+                        disk: "BAY11".into(),
+                        group: "spare".into(),
+                        state: "INUSE".into(),
+                        errors: 0,
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                        spare_for: Some("BAY07".into()),
+                    },
+                ],
                 scan: Some(("resilver".into(), 12.5)),
             }]),
             links: vec![LinkObs {
@@ -332,6 +355,8 @@ mod tests {
             "nasos_nvme_critical_warning{bay=\"BAY01\"} 2.0",
             "nasos_pool_state{pool=\"tank\",state=\"DEGRADED\"} 1.0",
             "nasos_pool_member_online{pool=\"tank\",bay=\"BAY07\",vdev=\"raidz2-1\"} 0.0",
+            "nasos_pool_member_online{pool=\"tank\",bay=\"BAY11\",vdev=\"spare\"} 1.0",
+            "nasos_pool_spare_in_use{pool=\"tank\",bay=\"BAY11\"} 1.0",
             "nasos_pool_scan_percent{pool=\"tank\",scan=\"resilver\"} 12.5",
             "nasos_rdma_port_events_total{device=\"rxe0\",port=\"1\",link=\"data0\",counter=\"rcvd_seq_err\"} 3",
             "nasos_nfs_listener{transport=\"rdma\"} 0.0",

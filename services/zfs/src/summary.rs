@@ -16,6 +16,10 @@ pub struct Member {
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
+    /// For a hot spare at work: the disk(s) it stands in for (`BAY07`), on both of its lines
+    /// (inside the data vdev and in the spares list, where it is INUSE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spare_for: Option<String>,
 }
 
 /// Every leaf disk of a pool, in the order ZFS lists them: data vdevs, then logs, cache and
@@ -33,7 +37,10 @@ pub fn members(pool: &PoolStatus) -> Vec<Member> {
     for (class, devices) in [("logs", &pool.logs), ("cache", &pool.l2cache), ("spare", &pool.spares)] {
         for (name, v) in devices {
             if v.vdevs.is_empty() {
-                out.push(leaf(v, class));
+                let mut m = leaf(v, class);
+                // The same disk (by GUID) inside a data vdev says whom it stands in for.
+                m.spare_for = pool.vdevs.values().find_map(|root| spare_for(root, v.guid));
+                out.push(m);
             }
             // A mirrored log is a group of its own.
             collect(v, if v.vdevs.is_empty() { class } else { name }, &mut out);
@@ -45,12 +52,35 @@ pub fn members(pool: &PoolStatus) -> Vec<Member> {
 fn collect(v: &Vdev, group: &str, out: &mut Vec<Member>) {
     for child in v.vdevs.values() {
         if child.vdevs.is_empty() {
-            out.push(leaf(child, group));
+            let mut m = leaf(child, group);
+            if v.vdev_type == "spare" && child.class.as_deref() == Some("spare") {
+                m.spare_for = Some(replaced(v));
+            }
+            out.push(m);
         } else {
             // A replacing/spare vdev inside a raidz: its leaves still belong to the group.
             collect(child, group, out);
         }
     }
+}
+
+/// The disks a `spare-N` vdev holds besides its hot spare: the ones the spare stands in for.
+fn replaced(spare: &Vdev) -> String {
+    let names: Vec<&str> = spare
+        .vdevs
+        .values()
+        .filter(|c| c.class.as_deref() != Some("spare"))
+        .map(|c| c.name.rsplit('/').next().unwrap_or(&c.name))
+        .collect();
+    names.join(" ")
+}
+
+/// Whom the hot spare with this GUID stands in for, if it is at work anywhere under `v`.
+fn spare_for(v: &Vdev, guid: u64) -> Option<String> {
+    if v.vdev_type == "spare" && v.vdevs.values().any(|c| c.guid == guid && c.class.as_deref() == Some("spare")) {
+        return Some(replaced(v));
+    }
+    v.vdevs.values().find_map(|c| spare_for(c, guid))
 }
 
 fn leaf(v: &Vdev, group: &str) -> Member {
@@ -63,6 +93,7 @@ fn leaf(v: &Vdev, group: &str) -> Member {
         read_errors: v.read_errors,
         write_errors: v.write_errors,
         checksum_errors: v.checksum_errors,
+        spare_for: None,
     }
 }
 

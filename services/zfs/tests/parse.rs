@@ -9,6 +9,9 @@ const POOL_LIST: &str = include_str!("fixtures/zpool-list.json");
 const POOL_GET: &str = include_str!("fixtures/zpool-get.json");
 const ZFS_LIST: &str = include_str!("fixtures/zfs-list.json");
 const ZFS_GET: &str = include_str!("fixtures/zfs-get.json");
+/// qemu-dev's pool (2 × 5-wide raidz2, spares BAY11 BAY12) seconds after BAY07 was pulled: zed
+/// has put BAY11 in for it (re-indented, else as zpool printed it).
+const SPARE_INUSE: &str = include_str!("fixtures/zpool-status-spare-inuse.json");
 
 #[test]
 fn status_is_typed_down_to_each_bay() {
@@ -79,4 +82,32 @@ fn text_where_a_number_belongs_is_an_error_that_names_the_command() {
     let strings = STATUS.replace("\"pool_guid\":644726112428041454", "\"pool_guid\":\"644726112428041454\"");
     let e = parse_status(&strings).expect_err("string guid refused");
     assert!(e.to_string().contains("zpool status"), "{e}");
+}
+
+#[test]
+fn a_hot_spare_at_work_says_whom_it_stands_in_for() {
+    let s = parse_status(SPARE_INUSE).expect("parses");
+    let tank = &s.pools["tank"];
+    assert_eq!(tank.state, "DEGRADED");
+    let m = summary::members(tank);
+    let line = |disk: &str, group: &str| {
+        m.iter().find(|x| x.disk == disk && x.group == group).unwrap_or_else(|| panic!("{disk} in {group}: {m:?}"))
+    };
+    assert_eq!(line("BAY07", "raidz2-1").state, "REMOVED");
+    assert_eq!(line("BAY07", "raidz2-1").spare_for, None);
+    let working = line("BAY11", "raidz2-1");
+    assert_eq!((working.state.as_str(), working.spare_for.as_deref()), ("ONLINE", Some("BAY07")));
+    let listed = line("BAY11", "spare");
+    assert_eq!((listed.state.as_str(), listed.spare_for.as_deref()), ("INUSE", Some("BAY07")));
+    let waiting = line("BAY12", "spare");
+    assert_eq!((waiting.state.as_str(), waiting.spare_for.as_deref()), ("AVAIL", None));
+    // Data vdevs first, in ZFS's order, the spare where the pulled disk was; then the spares.
+    let order: Vec<&str> = m.iter().map(|x| x.disk.as_str()).collect();
+    assert_eq!(
+        order,
+        [
+            "BAY01", "BAY02", "BAY03", "BAY04", "BAY05", "BAY06", "BAY07", "BAY11", "BAY08", "BAY09", "BAY10", "BAY11",
+            "BAY12"
+        ]
+    );
 }
