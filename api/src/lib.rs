@@ -43,6 +43,10 @@ impl ShutdownKind {
 /// pool suspended — each with the time it was first seen. Health reports; PID 1 decides.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthVerdict {
+    /// Seconds since the epoch of the round that wrote it (0 when not known): a verdict that
+    /// stops being renewed says nothing about the box now.
+    #[serde(default)]
+    pub at: u64,
     pub fatal: Vec<Fatal>,
 }
 
@@ -60,6 +64,21 @@ impl HealthVerdict {
     /// is not running must not reset the box).
     pub fn read(path: &Path) -> HealthVerdict {
         std::fs::read_to_string(path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default()
+    }
+
+    /// Whether this verdict shows a healthy box at `now`: renewed within `fresh_s` and with
+    /// nothing fatal. Else the reason it does not.
+    pub fn healthy(&self, now: u64, fresh_s: u64) -> Result<(), String> {
+        if self.at == 0 {
+            return Err("the health agent has not reported yet".into());
+        }
+        if now.saturating_sub(self.at) > fresh_s {
+            return Err(format!("the health agent's last report is {}s old", now.saturating_sub(self.at)));
+        }
+        match self.fatal.first() {
+            Some(f) => Err(f.message.clone()),
+            None => Ok(()),
+        }
     }
 
     /// The condition held longest, if it has been held for at least `grace_s` at `now`.
@@ -243,6 +262,7 @@ mod verdict_tests {
     #[test]
     fn only_a_condition_held_past_its_grace_counts() {
         let v = HealthVerdict {
+            at: 150,
             fatal: vec![
                 Fatal { id: "nfs.listeners".into(), message: "NFS is not listening".into(), since: 100 },
                 Fatal { id: "pool.tank.state".into(), message: "pool tank: SUSPENDED".into(), since: 150 },
@@ -254,6 +274,16 @@ mod verdict_tests {
         assert_eq!(HealthVerdict::default().outlasting(u64::MAX, 0), None);
         let missing = HealthVerdict::read(Path::new("/nonexistent/verdict.json"));
         assert!(missing.fatal.is_empty(), "no verdict is no fatal condition");
+    }
+
+    #[test]
+    fn healthy_means_a_fresh_verdict_with_nothing_fatal() {
+        let mut v = HealthVerdict { at: 1000, fatal: vec![] };
+        assert_eq!(v.healthy(1020, 30), Ok(()));
+        assert_eq!(v.healthy(1031, 30), Err("the health agent's last report is 31s old".into()));
+        assert!(HealthVerdict::default().healthy(1000, 30).is_err(), "no report is not healthy");
+        v.fatal.push(Fatal { id: "nfs.listeners".into(), message: "NFS is not listening".into(), since: 990 });
+        assert_eq!(v.healthy(1000, 30), Err("NFS is not listening".into()));
     }
 }
 

@@ -178,6 +178,33 @@ pub struct Network {
     /// One entry per board port the appliance uses.
     #[serde(default)]
     pub links: Vec<Link>,
+    /// Ports the box answers on beyond what its plan serves (NFS, RoCE, metrics are opened by
+    /// the plan itself); everything else is dropped.
+    #[serde(default)]
+    pub allow: Vec<Allow>,
+}
+
+/// One more port the box answers on, on one link.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Allow {
+    /// The link (or VLAN interface, `data0.100`) it answers on.
+    pub link: String,
+    pub proto: Proto,
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u32,
+    /// Only from these networks (CIDR); empty: from anywhere.
+    #[serde(default)]
+    pub from: Vec<String>,
+    /// What it is for (shown by `nasctl firewall`).
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    Tcp,
+    Udp,
 }
 
 /// One network link: a board port, named, with its addresses.
@@ -473,6 +500,10 @@ pub struct ExportClient {
     /// Commit writes to stable storage before replying.
     #[serde(default = "default_true")]
     pub sync: bool,
+    /// Required beside a world-open read-write export (`0.0.0.0/0`, `::/0`) or root squash
+    /// turned off: the recipe says it means it.
+    #[serde(default)]
+    pub i_understand: bool,
 }
 
 /// Export access mode.
@@ -606,12 +637,27 @@ pub struct Upgrade {
     /// (`MAJOR.MINOR.PATCH`); an older box must take an intermediate version first.
     #[serde(default = "default_min_version")]
     pub min_version: String,
+    /// A new version is blessed (kept for good) once the box has been ready and healthy — no
+    /// fatal condition, the health agent reporting — for this long in a row; until then a reset
+    /// costs it a try. 0: at the first healthy look after ready.
+    #[serde(default = "default_bless_after")]
+    #[schemars(range(max = 86400))]
+    pub bless_after_seconds: u32,
 }
 
 impl Default for Upgrade {
     fn default() -> Self {
-        Upgrade { boot_tries: default_tries(), trusted_keys: Vec::new(), min_version: default_min_version() }
+        Upgrade {
+            boot_tries: default_tries(),
+            trusted_keys: Vec::new(),
+            min_version: default_min_version(),
+            bless_after_seconds: default_bless_after(),
+        }
     }
+}
+
+fn default_bless_after() -> u32 {
+    300
 }
 
 fn default_min_version() -> String {

@@ -63,6 +63,9 @@ enum Command {
     Exports,
     /// Fabric links: state, addresses, RDMA ports and RoCE v2 GIDs, DCB as the NIC runs it.
     Fabric,
+    /// The firewall as it runs: the ports each link answers on (from the plan) and how many
+    /// packets were dropped.
+    Firewall,
     /// After a drive was swapped in BAY: resilver the bay's pool member onto the new (blank)
     /// disk, or bring the same disk back online. A disk holding anything else is refused.
     Replace { bay: String },
@@ -157,6 +160,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Pools => return show_pools(json),
         Command::Exports => return show_exports(json),
         Command::Fabric => return show_fabric(json),
+        Command::Firewall => {
+            print!("{}", inspect::firewall(json)?);
+            return Ok(());
+        }
         Command::Health { alerts } => return show_health(json, alerts),
         Command::Replace { bay } => {
             println!("{}", nasos_services::storage::replace(&bay)?);
@@ -259,6 +266,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Pools
         | Command::Exports
         | Command::Fabric
+        | Command::Firewall
         | Command::Health { .. }
         | Command::Replace { .. }
         | Command::Boots

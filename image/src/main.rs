@@ -78,6 +78,9 @@ enum Command {
         /// when the client starts).
         #[arg(long, requires = "client")]
         client_serial: Option<PathBuf>,
+        /// Serve the client's QMP monitor on this unix socket (to plug a USB stick into it).
+        #[arg(long, requires = "client")]
+        client_qmp: Option<PathBuf>,
         /// Keep the VM's bays and EFI variables here (default build/<name>/vm; the client's go
         /// in a client/ folder under it). A new folder means blank bays.
         #[arg(long)]
@@ -196,10 +199,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", outputs.uki.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Qemu { recipe, headless, serial, qmp, memory, client, client_serial, state, usb } => {
-            vm::run(vm::Options { recipe, headless, serial, qmp, memory, client, client_serial, state, usb }, |r| {
-                load(r, false)
-            })
+        Command::Qemu { recipe, headless, serial, qmp, memory, client, client_serial, client_qmp, state, usb } => {
+            let opts =
+                vm::Options { recipe, headless, serial, qmp, memory, client, client_serial, client_qmp, state, usb };
+            vm::run(opts, |r| load(r, false))
         }
         Command::Flash { image, device, yes } => {
             let disk = flash::check_target(&device)?;

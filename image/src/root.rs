@@ -79,6 +79,8 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
     );
     write(tree, paths::OS_RELEASE, release.as_bytes(), 0o644)?;
     write(tree, paths::BAY_RULES, nasos_board::plan::udev::bay_rules(&plan.bays).as_bytes(), 0o644)?;
+    // Written whatever the plan: a box with no links loads none, and the file shows what it would.
+    write(tree, paths::FIREWALL_RULES, nasos_board::plan::firewall::ruleset(plan).as_bytes(), 0o644)?;
     set_root_password(tree, plan)?;
     // The kernel looks for /sbin/init; the initramfs execs nasinit directly, but a rescue boot
     // with init= pointing at the usual place should land in nasinit too.

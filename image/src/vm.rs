@@ -19,6 +19,7 @@ pub struct Options {
     pub memory: u32,
     pub client: Option<PathBuf>,
     pub client_serial: Option<PathBuf>,
+    pub client_qmp: Option<PathBuf>,
     /// Where the VM keeps its bays and EFI variables (the client's under `client/`).
     pub state: Option<PathBuf>,
     /// A file to carry on a USB stick (FAT) plugged into the appliance, e.g. a bundle.
@@ -150,7 +151,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
             state: cstate.clone(),
             memory_mib: 1536,
             serial: cserial,
-            qmp: None,
+            qmp: opts.client_qmp.clone(),
             links: clinks,
             usb: None,
         };

@@ -677,7 +677,7 @@ mod fatal_tests {
     #[test]
     fn only_a_fatal_condition_past_its_grace_starves_the_watchdog_and_the_guard_stops_a_loop() {
         let nfs = Fatal { id: "nfs.listeners".into(), message: "NFS is not listening".into(), since: 1000 };
-        let v = HealthVerdict { fatal: vec![nfs.clone()] };
+        let v = HealthVerdict { at: 1000, fatal: vec![nfs.clone()] };
         assert_eq!(fatal_decision(&v, 1019, 20, 0, 3, 900), FatalDecision::Feed, "within its grace");
         assert_eq!(fatal_decision(&v, 1020, 20, 0, 3, 900), FatalDecision::Starve(nfs.clone()));
         assert_eq!(fatal_decision(&v, 1020, 20, 2, 3, 900), FatalDecision::Starve(nfs));

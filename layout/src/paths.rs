@@ -16,6 +16,10 @@ pub const EXPORT_ROOT: &str = "/export";
 pub const BAY_DIR: &str = "/dev/disk/by-bay";
 /// The udev rules that make them (written at build time from the plan).
 pub const BAY_RULES: &str = "/etc/udev/rules.d/61-nasos-bays.rules";
+/// The plan's nftables ruleset (written at build time, loaded by the `firewall` service).
+pub const FIREWALL_RULES: &str = "/usr/lib/nasos/firewall.nft";
+/// nftables' command.
+pub const NFT: &str = "/usr/sbin/nft";
 /// The health agent's latest round (checks, recent alerts, what it read), for nasctl; on tmpfs.
 pub const HEALTH_REPORT: &str = "/run/nasos/health.json";
 /// The health agent's verdict for nasinit: the fatal conditions it sees and since when (JSON,

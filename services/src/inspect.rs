@@ -166,3 +166,18 @@ pub fn fabric() -> anyhow::Result<Vec<LinkView>> {
     }
     Ok(out)
 }
+
+/// The firewall as the kernel runs it: nasos's nftables table with its rules and the count of
+/// what was dropped (`nft list`, or nft's own JSON). Errors when the table is not loaded.
+pub fn firewall(json: bool) -> anyhow::Result<String> {
+    let table = nasos_board::plan::firewall::TABLE;
+    let mut args = vec!["list", "table", "inet", table];
+    if json {
+        args.insert(0, "-j");
+    }
+    crate::run(nasos_layout::paths::NFT, &args).with_context(|| {
+        format!(
+            "the firewall table inet {table} is not loaded (see `nasctl logs firewall`): this box answers on every port"
+        )
+    })
+}

@@ -67,6 +67,39 @@ pub fn recipe_variant(dir: &Path, base: &str, name: &str, edit: impl FnOnce(Stri
     path
 }
 
+/// Where the upgrade bundles of qemu-dev are built: the upgrade suite and the data-path suite
+/// build the same ones here, so the second finds the image built and only packs the bundle.
+pub fn bundles_dir() -> PathBuf {
+    repo().join("build/e2e/upgrade")
+}
+
+/// A bundle of qemu-dev at `version` with `extra` appended to the recipe, signed with the
+/// committed development key: `build/e2e/upgrade/qemu-dev-VERSION.nasos`.
+pub fn dev_bundle(version: &str, extra: &str) -> PathBuf {
+    let dir = bundles_dir();
+    let recipe = recipe_variant(&dir, "qemu-dev", &format!("qemu-dev-{version}"), |r| {
+        r.replace("version = \"0.1.0\"", &format!("version = \"{version}\"")) + extra
+    });
+    let out = dir.join(format!("qemu-dev-{version}.nasos"));
+    let key = repo().join("recipes/keys/nasos-dev.key");
+    let b = nasos(&[
+        "bundle",
+        &recipe.display().to_string(),
+        "--key",
+        &key.display().to_string(),
+        "--build",
+        &dir.join(version).display().to_string(),
+        "--out",
+        &out.display().to_string(),
+    ]);
+    eprintln!(
+        "bundle {version}: {:.1}s, {} MiB",
+        b.took.as_secs_f64(),
+        std::fs::metadata(&out).expect("bundle").len() >> 20
+    );
+    out
+}
+
 /// A throwaway qcow2 overlay over a built disk, so boots never change the build output.
 pub fn overlay(base: &Path, at: &Path) -> PathBuf {
     let _ = std::fs::remove_file(at);
@@ -152,6 +185,7 @@ impl Pair {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).expect("dir");
         let (nas_sock, gpu_sock, qmp) = (dir.join("nas.sock"), dir.join("gpu.sock"), dir.join("qmp.sock"));
+        let gpu_qmp = dir.join("gpu-qmp.sock");
         let log = std::fs::File::create(dir.join("nasos-qemu.log")).expect("log");
         let nasos = Command::new(target_release().join("nasos"))
             .args(["qemu", "recipes/qemu-dev.toml", "--headless", "--client", "recipes/qemu-client.toml"])
@@ -161,6 +195,8 @@ impl Pair {
             .arg(&gpu_sock)
             .arg("--qmp")
             .arg(&qmp)
+            .arg("--client-qmp")
+            .arg(&gpu_qmp)
             .arg("--state")
             .arg(dir.join("state"))
             .current_dir(repo())
@@ -172,7 +208,7 @@ impl Pair {
         let wait = Duration::from_secs(1200);
         let nas = Vm::attach(&nas_sock, &dir.join("console-nas.log"), Some(qmp.clone()), Some(nasos), wait)
             .unwrap_or_else(|e| panic!("{e:#}; see {}", dir.join("nasos-qemu.log").display()));
-        let gpu = Vm::attach(&gpu_sock, &dir.join("console-gpu.log"), None, None, Duration::from_secs(120))
+        let gpu = Vm::attach(&gpu_sock, &dir.join("console-gpu.log"), Some(gpu_qmp), None, Duration::from_secs(120))
             .unwrap_or_else(|e| panic!("{e:#}; see {}", dir.join("nasos-qemu.log").display()));
         let mut pair = Pair { nas, gpu, qmp };
         pair.nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("appliance ready");

@@ -11,27 +11,38 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{Pair, digest, host_tool, mount_train, ok, poll, repo};
+use nasos_tests::{Pair, build_binaries, dev_bundle, digest, host_tool, mount_train, ok, poll, repo};
 
 static PAIR: Shared<Pair> = Shared::new("pair::both_vms_become_ready");
 /// The appliance's identity as first booted: (machine-id, NVMe host NQN).
 static IDENTITY: Shared<(String, String)> = Shared::new("state::first_boot_makes_the_state_partition_and_an_identity");
+/// qemu-dev 0.2.0, signed with the development key.
+static BUNDLE: Shared<std::path::PathBuf> = Shared::new("build::a_signed_0_2_0_bundle");
 /// (file name, sha256) of what the client wrote.
 static WRITTEN: Shared<Vec<(String, String)>> = Shared::new("nfs::rdma_and_tcp_round_trip_with_root_squash");
 
 fn main() -> ExitCode {
     let mut s = Suite::new();
+    // Built before the VMs run (the build would slow them): the upgrade the box takes later.
+    s.check("build::a_signed_0_2_0_bundle", || {
+        build_binaries();
+        BUNDLE.set(dev_bundle("0.2.0", ""))
+    });
     s.check("pair::both_vms_become_ready", || PAIR.set(Pair::start(&repo().join("build/e2e/datapath"))));
     s.check("state::first_boot_makes_the_state_partition_and_an_identity", first_boot_state);
     s.check("views::nasctl_shows_pools_exports_and_fabric", views);
+    s.check("firewall::only_the_ports_the_plan_serves_answer", firewall);
     s.check("nfs::an_export_refuses_a_client_outside_its_networks", refused_client);
     s.check("nfs::rdma_and_tcp_round_trip_with_root_squash", round_trip);
     s.check("nfs::a_restarted_nfsd_gets_its_rdma_listener_back", nfsd_restart);
     s.check("nfs::an_unmounted_dataset_is_not_exported", unmounted_not_exported);
     s.check("lifecycle::a_reboot_imports_the_pool_and_the_data_is_there", reboot);
     s.check("lifecycle::a_power_cut_with_the_client_mounted_loses_nothing", power_cut);
+    s.check("upgrade::a_bundle_served_over_http_by_the_client_is_applied", http_apply);
     s.check("lifecycle::ctrl_alt_del_is_an_orderly_reboot", ctrl_alt_del);
+    s.check("upgrade::the_box_runs_0_2_0_blessed_with_its_pool_identity_and_exports", upgraded);
     s.check("health::a_pulled_bay_is_named_within_10s_on_every_channel", pulled_bay);
+    s.check("health::a_hot_spare_takes_over_the_pulled_bay_without_a_command", hot_spare);
     s.check("health::an_nvme_critical_warning_is_critical_for_its_bay", critical_warning);
     s.check("health::a_second_bay_of_the_vdev_pulled_during_rdma_reads_loses_nothing", second_pull_during_reads);
     s.check("health::replace_takes_a_blank_disk_in_the_pulled_bay_and_resilvers", replace_bay);
@@ -76,6 +87,14 @@ fn views() {
         let bays: Vec<&str> =
             tank["members"].as_array().expect("members").iter().filter_map(|m| m["disk"].as_str()).collect();
         assert_eq!(bays, (1..=12).map(|i| format!("BAY{i:02}")).collect::<Vec<_>>(), "{tank}");
+        let spares: Vec<(&str, &str)> = tank["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .filter(|m| m["group"] == "spare")
+            .filter_map(|m| Some((m["disk"].as_str()?, m["state"].as_str()?)))
+            .collect();
+        assert_eq!(spares, [("BAY11", "AVAIL"), ("BAY12", "AVAIL")], "{tank}");
         assert!(tank["guid"].as_u64().is_some_and(|g| g > 0), "{tank}");
         let train = tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/train").cloned();
         assert_eq!(train.as_ref().map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
@@ -106,6 +125,38 @@ fn views() {
             "no RoCE v2 GID: {data0}"
         );
         assert_eq!(data0["dcb"]["state"], "not-supported", "{data0}");
+    });
+}
+
+/// Every TCP port the appliance listens on is probed from the client: only NFS (2049) and the
+/// metrics (9100) answer. nfsd is made to listen on one more port (2050, not in the plan) so
+/// there is a listener the firewall must hide; `nasctl firewall` shows the rules and the drops.
+fn firewall() {
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        ok(nas, "echo 'tcp 2050' > /proc/fs/nfsd/portlist");
+        let listening = ok(nas, "ss -Htln | awk '{print $4}' | sed 's/.*://' | sort -un");
+        let ports: Vec<u16> = listening.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        assert!(ports.contains(&2050) && ports.contains(&2049), "{listening}");
+        let probe: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+        let answered = ok(
+            gpu,
+            &format!(
+                "for p in {}; do timeout 3 bash -c \"</dev/tcp/10.77.0.1/$p\" 2>/dev/null && echo open $p; done; true",
+                probe.join(" ")
+            ),
+        );
+        let open: Vec<&str> = answered.lines().filter_map(|l| l.strip_prefix("open ")).map(str::trim).collect();
+        assert_eq!(open, ["2049", "9100"], "probed {probe:?}: {answered}");
+        let rules = ok(nas, "nasctl firewall");
+        assert!(rules.contains("policy drop") && rules.contains("comment \"NFS\""), "{rules}");
+        let dropped = rules
+            .lines()
+            .find(|l| l.contains("comment \"dropped\""))
+            .and_then(|l| l.split("packets ").nth(1))
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no drop counter: {rules}"));
+        assert!(dropped > 0, "{rules}");
     });
 }
 
@@ -312,6 +363,63 @@ fn power_cut() {
 
 /// Ctrl-Alt-Del reaches nasinit (the kernel no longer resets at once): services stop in order,
 /// the box reboots and comes back ready, and it knows the reboot was clean.
+/// The client serves the bundle over HTTP (busybox httpd, from a USB stick plugged into it);
+/// `nasctl upgrade apply http://…` streams it onto the inactive slot without storing it whole,
+/// and the new version boots next.
+fn http_apply() {
+    let bundle = BUNDLE.get();
+    let stick = repo().join("build/e2e/datapath/bundle-stick.img");
+    nasos_qemu::usb_stick(&bundle, &stick).expect("stick");
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        gpu.plug_usb(&stick).expect("plug the stick into the client");
+        poll(gpu, "blkid -L NASOS-USB || true", "/dev/", Duration::from_secs(60));
+        ok(
+            gpu,
+            "mkdir -p /tmp/bundles && mount -o ro -L NASOS-USB /tmp/bundles && busybox httpd -p 8080 -h /tmp/bundles",
+        );
+        let url = "http://10.77.0.130:8080/qemu-dev-0.2.0.nasos";
+        let t = std::time::Instant::now();
+        let (out, code) = nas.run(&format!("nasctl upgrade apply {url}"), Duration::from_secs(900)).expect("apply");
+        eprintln!("apply over HTTP: {:.1}s", t.elapsed().as_secs_f64());
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains(&format!("reading {url}")), "{out}");
+        assert!(out.contains("installed on slot b (entry nasos-0.2.0+3.efi"), "{out}");
+        // Streamed, not stored: nothing of the bundle's size landed on the box's filesystems.
+        let stored =
+            ok(nas, "find / \\( -path /proc -o -path /sys \\) -prune -o -name '*.nasos' -print 2>/dev/null || true");
+        assert!(!stored.contains(".nasos"), "the bundle was stored whole: {stored}");
+        let status = ok(nas, "nasctl upgrade status");
+        assert!(status.contains("boots next: nasos-0.2.0+3.efi"), "{status}");
+    });
+}
+
+/// After the orderly reboot into 0.2.0: it runs on slot b and is blessed once healthy; the
+/// pool, the identity and the exports are the ones from before, and the client reads its data.
+fn upgraded() {
+    let (machine_id, nqn) = IDENTITY.get();
+    let written = WRITTEN.get();
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        let st = status(nas);
+        assert_eq!(st["version"], "0.2.0", "{st}");
+        let mine = |s: &str| {
+            s.lines()
+                .any(|l| l.starts_with("b ") && l.contains("0.2.0") && l.contains("running") && l.contains("blessed"))
+        };
+        let upgrade = poll(nas, "nasctl upgrade status", "blessed     0.2.0", Duration::from_secs(120));
+        assert!(mine(&upgrade), "0.2.0 is not running blessed on slot b: {upgrade}");
+        assert_eq!(ok(nas, "cat /etc/machine-id").trim(), machine_id, "the identity changed");
+        assert_eq!(ok(nas, "cat /etc/nvme/hostnqn").trim(), nqn, "the host NQN changed");
+        let exports = poll(nas, "exportfs -v", "/export/tank/train", Duration::from_secs(60));
+        assert!(exports.contains("/export/tank/scratch"), "{exports}");
+        mount_train(gpu, "rdma", "/tmp/mnt-upgraded");
+        for (name, sum) in &written {
+            let got = digest(&ok(gpu, &format!("sha256sum < /tmp/mnt-upgraded/job/{name}")));
+            assert_eq!(&got, sum, "{name} after the upgrade");
+        }
+        ok(gpu, "umount /tmp/mnt-upgraded");
+    });
+}
+
 fn ctrl_alt_del() {
     PAIR.with(|Pair { nas, .. }| {
         nas.qmp("send-key", serde_json::json!({"keys": [{"type": "qcode", "data": "ctrl"}, {"type": "qcode", "data": "alt"}, {"type": "qcode", "data": "delete"}]}))
@@ -333,7 +441,9 @@ fn pulled_bay() {
     PAIR.with(|Pair { nas, gpu, .. }| {
         ok(
             gpu,
-            r#"printf 'module(load="imudp")\ninput(type="imudp" port="514")\n*.* action(type="omfile" file="/tmp/remote.log" template="RSYSLOG_SyslogProtocol23Format")\n' > /tmp/rsyslog.conf && rsyslogd -f /tmp/rsyslog.conf -i /tmp/rsyslog.pid"#,
+            // The recipe sends alerts to both: UDP and TCP (octet-counted) on port 514, each
+            // received into a file of its own.
+            r#"printf 'module(load="imudp")\nmodule(load="imtcp")\nruleset(name="udp") { action(type="omfile" file="/tmp/remote-udp.log" template="RSYSLOG_SyslogProtocol23Format") }\nruleset(name="tcp") { action(type="omfile" file="/tmp/remote-tcp.log" template="RSYSLOG_SyslogProtocol23Format") }\ninput(type="imudp" port="514" ruleset="udp")\ninput(type="imtcp" port="514" ruleset="tcp")\n' > /tmp/rsyslog.conf && rsyslogd -f /tmp/rsyslog.conf -i /tmp/rsyslog.pid"#,
         );
         let metrics = |gpu: &mut nasos_qemu::Vm| ok(gpu, "curl -sfS --max-time 10 http://10.77.0.1:9100/metrics");
         let before = metrics(gpu);
@@ -373,10 +483,33 @@ fn pulled_bay() {
             String::from_utf8_lossy(&check.stdout),
             String::from_utf8_lossy(&check.stderr)
         );
-        let log = poll(gpu, "cat /tmp/remote.log", "bay.BAY07.present", Duration::from_secs(10));
-        let line = log.lines().find(|l| l.contains("bay.BAY07.present")).expect("the alert line");
-        assert!(line.starts_with("<26>1 ") && line.contains(" nasos-dev nasos-health "), "{line}");
-        assert!(line.contains("CRITICAL BAY07: drive missing"), "{line}");
+        for transport in ["udp", "tcp"] {
+            let log = poll(gpu, &format!("cat /tmp/remote-{transport}.log"), "bay.BAY07.present", Duration::from_secs(10));
+            let line = log.lines().find(|l| l.contains("bay.BAY07.present")).expect("the alert line");
+            assert!(line.starts_with("<26>1 ") && line.contains(" nasos-dev nasos-health "), "{transport}: {line}");
+            assert!(line.contains("CRITICAL BAY07: drive missing"), "{transport}: {line}");
+        }
+    });
+}
+
+/// zed puts a hot spare from the recipe in for the pulled bay by itself and resilvers onto
+/// it; nasctl, the health check and the metrics say which spare stands in for which bay.
+fn hot_spare() {
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        let t = std::time::Instant::now();
+        let pools = poll(nas, "nasctl pools", "hot spare in for BAY07", Duration::from_secs(30));
+        let line = pools.lines().find(|l| l.contains("hot spare in for BAY07")).expect("the spare's line");
+        assert!(line.trim_start().starts_with("BAY11") && line.contains("raidz2-1"), "{pools}");
+        assert!(pools.lines().any(|l| l.trim_start().starts_with("BAY12") && l.contains("AVAIL")), "{pools}");
+        // `scan: resilvered 34.5M in 00:00:04 with 0 errors on …` once it is done.
+        let status = poll(nas, "zpool status tank", "with 0 errors on", Duration::from_secs(180));
+        assert!(status.contains("scan: resilvered"), "{status}");
+        eprintln!("pull to the spare resilvered: {:.1}s after the previous check", t.elapsed().as_secs_f64());
+        let h = poll(nas, "nasctl health", "hot spare BAY11 in for BAY07", Duration::from_secs(30));
+        assert!(h.contains("pool tank: DEGRADED (BAY07 REMOVED in raidz2-1, hot spare BAY11 in for BAY07)"), "{h}");
+        let m = ok(gpu, "curl -sfS --max-time 10 http://10.77.0.1:9100/metrics");
+        assert!(m.contains("nasos_pool_spare_in_use{pool=\"tank\",bay=\"BAY11\"} 1"), "{m}");
+        assert!(m.contains("nasos_pool_spare_in_use{pool=\"tank\",bay=\"BAY12\"} 0"), "{m}");
     });
 }
 
@@ -433,6 +566,8 @@ fn second_pull_during_reads() {
         let health = ok(nas, "nasctl health");
         assert!(health.contains("BAY07: drive missing") && health.contains("BAY08: drive missing"), "{health}");
         assert!(health.contains("pool tank: DEGRADED"), "{health}");
+        // The second spare took the second bay.
+        poll(nas, "nasctl pools", "hot spare in for BAY08", Duration::from_secs(30));
         ok(gpu, "umount /tmp/mnt-pull");
         ok(nas, "zfs inherit primarycache tank/train");
     });
@@ -455,6 +590,32 @@ fn replace_bay() {
         // The second pulled bay (if the check before ran) gets its blank disk too.
         let (_, missing8) = nas.run("test -e /dev/disk/by-bay/BAY08", Duration::from_secs(30)).expect("test");
         if missing8 != 0 {
+            // First a disk from elsewhere, holding a filesystem: replace refuses it and the
+            // pool is left as it was.
+            let foreign = foreign_disk("bay08-ext4");
+            nas.plug_bay(8, &foreign).expect("plug a disk holding ext4 into BAY08");
+            poll(nas, "ls /dev/disk/by-bay/", "BAY08", Duration::from_secs(15));
+            // BAY08's lines in the pool's configuration (BAY07 may finish resilvering meanwhile;
+            // the console may add a line of its own).
+            let bay08 = |nas: &mut nasos_qemu::Vm| {
+                let out = ok(nas, "zpool status tank | sed -n '/config:/,$p'");
+                out.lines()
+                    .filter(|l| l.starts_with('\t') && l.contains("BAY08"))
+                    .map(|l| format!("{l}\n"))
+                    .collect::<String>()
+            };
+            let before = bay08(nas);
+            assert!(before.contains("REMOVED"), "{before}");
+            let (out, code) = nas.run("nasctl replace BAY08", Duration::from_secs(60)).expect("replace");
+            assert_ne!(code, 0, "replace took a disk that holds data: {out}");
+            assert!(
+                out.contains("BAY08") && out.contains("ext4"),
+                "the refusal names the bay and what it holds: {out}"
+            );
+            assert_eq!(bay08(nas), before, "a refused replace changed the pool");
+            nas.pull_bay(8).expect("take the foreign disk out again");
+            let (_, gone) = nas.run("sleep 2; test -e /dev/disk/by-bay/BAY08", Duration::from_secs(30)).expect("test");
+            assert_ne!(gone, 0, "the foreign disk is still named BAY08");
             let blank8 = repo().join("build/e2e/datapath/blank-bay08.qcow2");
             let _ = std::fs::remove_file(&blank8);
             nas.plug_bay(8, &blank8).expect("plug a blank disk into BAY08");
@@ -471,9 +632,29 @@ fn replace_bay() {
         let _ = std::fs::write(repo().join("build/e2e/datapath/zpool-status-after-replace.json"), raw);
         let pools = ok(nas, "nasctl pools");
         assert!(pools.contains("BAY07") && pools.lines().next().is_some_and(|l| l.contains("ONLINE")), "{pools}");
+        // Once the bays they stood in for are resilvered, the spares wait again.
+        let pools = poll(nas, "nasctl pools", "BAY12    spare      AVAIL", Duration::from_secs(60));
+        assert!(pools.contains("BAY11    spare      AVAIL") && !pools.contains("hot spare in for"), "{pools}");
         let h = poll(nas, "nasctl health", "health: OK", Duration::from_secs(30));
         assert!(h.contains("ok again (was warning): pool tank: ONLINE"), "{h}");
     });
+}
+
+/// A disk image holding an ext4 filesystem, as a disk from another machine would.
+fn foreign_disk(name: &str) -> std::path::PathBuf {
+    let dir = repo().join("build/e2e/datapath");
+    let raw = dir.join(format!("{name}.raw"));
+    let qcow = dir.join(format!("{name}.qcow2"));
+    let _ = std::fs::remove_file(&qcow);
+    let run = |cmd: &mut std::process::Command| {
+        let o = cmd.output().expect("run");
+        assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    run(std::process::Command::new("truncate").args(["-s", "4G"]).arg(&raw));
+    run(std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-L", "elsewhere"]).arg(&raw));
+    run(std::process::Command::new("qemu-img").args(["convert", "-q", "-O", "qcow2"]).arg(&raw).arg(&qcow));
+    let _ = std::fs::remove_file(&raw);
+    qcow
 }
 
 /// The JSON a command printed (after anything the console added before it).

@@ -103,6 +103,13 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("health.check_interval_seconds", "services/src/health/agent.rs", "plan.health.check_interval_seconds"),
     ("upgrade.boot_tries", "services/src/upgrade/apply.rs", "plan.upgrade.boot_tries"),
     ("upgrade.min_version", "image/src/bundle.rs", "plan.upgrade.min_version"),
+    ("firewall.extra", "board/src/plan/firewall.rs", "plan.firewall.extra"),
+    ("firewall.extra[].link", "board/src/plan/firewall.rs", "e.link"),
+    ("firewall.extra[].proto", "board/src/plan/firewall.rs", "e.proto"),
+    ("firewall.extra[].port", "board/src/plan/firewall.rs", "e.port"),
+    ("firewall.extra[].from", "board/src/plan/firewall.rs", "e.from"),
+    ("firewall.extra[].why", "board/src/plan/firewall.rs", "e.why"),
+    ("upgrade.bless_after_seconds", "services/src/upgrade/mod.rs", "plan.upgrade.bless_after_seconds"),
     ("upgrade.trusted_keys", "services/src/upgrade/apply.rs", "plan.upgrade.trusted_keys"),
     ("upgrade.trusted_keys[].key", "services/src/upgrade/apply.rs", "k.key"),
     // Shown by `nasos plan`; the key itself is what the box checks.

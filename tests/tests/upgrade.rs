@@ -12,7 +12,7 @@ use std::time::Duration;
 use nasos_bundle::{Manifest, reader};
 use nasos_qemu::{Link, Vm};
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{build_binaries, nasos, ok, poll, recipe_variant, repo};
+use nasos_tests::{build_binaries, bundles_dir, dev_bundle, nasos, ok, poll, repo};
 
 struct Built {
     v1: PathBuf,
@@ -26,7 +26,7 @@ static BUILT: Shared<Built> = Shared::new("build::v1_and_signed_v2_v3_bundles");
 static VM: Shared<Vm> = Shared::new("apply::v1_boots_with_one_entry");
 
 fn dir() -> PathBuf {
-    repo().join("build/e2e/upgrade")
+    bundles_dir()
 }
 
 fn main() -> ExitCode {
@@ -42,48 +42,14 @@ fn main() -> ExitCode {
     s.run()
 }
 
-fn key() -> String {
-    repo().join("recipes/keys/nasos-dev.key").display().to_string()
-}
-
-/// The version of qemu-dev as a recipe in the test's directory.
-fn version(v: &str) -> PathBuf {
-    recipe_variant(&dir(), "qemu-dev", &format!("qemu-dev-{v}"), |r| {
-        r.replace("version = \"0.1.0\"", &format!("version = \"{v}\""))
-    })
-}
-
 fn build() {
     build_binaries();
     let v1 = dir().join("v1");
     nasos(&["build", "recipes/qemu-dev.toml", "--out", &v1.display().to_string()]);
-    let broken = recipe_variant(&dir(), "qemu-dev", "qemu-dev-0.4.0", |r| {
-        r.replace("version = \"0.1.0\"", "version = \"0.4.0\"")
-            + "\n[liveness]\nready_deadline_seconds = 30\n\n[debug]\nhang_services = [\"storage\"]\n"
-    });
-    let mut bundles = Vec::new();
-    for (v, recipe) in [("0.2.0", version("0.2.0")), ("0.3.0", version("0.3.0")), ("0.4.0", broken)] {
-        let out = dir().join(format!("qemu-dev-{v}.nasos"));
-        let b = nasos(&[
-            "bundle",
-            &recipe.display().to_string(),
-            "--key",
-            &key(),
-            "--build",
-            &dir().join(v).display().to_string(),
-            "--out",
-            &out.display().to_string(),
-        ]);
-        eprintln!(
-            "bundle {v}: {:.1}s, {} MiB",
-            b.took.as_secs_f64(),
-            std::fs::metadata(&out).expect("bundle").len() >> 20
-        );
-        bundles.push(out);
-    }
-    let broken = bundles.pop().expect("v4");
-    let v3 = bundles.pop().expect("v3");
-    let v2 = bundles.pop().expect("v2");
+    let v2 = dev_bundle("0.2.0", "");
+    let v3 = dev_bundle("0.3.0", "");
+    let broken =
+        dev_bundle("0.4.0", "\n[liveness]\nready_deadline_seconds = 30\n\n[debug]\nhang_services = [\"storage\"]\n");
     BUILT.set(Built { v1, v2, v3, broken });
 }
 
@@ -198,7 +164,7 @@ fn sign(json: &[u8], secret: &minisign::SecretKey) -> String {
 }
 
 fn dev_key() -> minisign::SecretKey {
-    let text = std::fs::read_to_string(key()).expect("dev key");
+    let text = std::fs::read_to_string(repo().join("recipes/keys/nasos-dev.key")).expect("dev key");
     minisign::SecretKeyBox::from_string(&text).expect("box").into_unencrypted_secret_key().expect("unencrypted")
 }
 
@@ -337,7 +303,18 @@ fn check_running(vm: &mut Vm, version: &str, slot: &str, machine_id: &str) {
     let s = ok(vm, "nasctl status");
     assert!(s.contains(&format!("qemu-dev {version} on nasos-dev")), "{s}");
     assert!(s.contains("last boot ended: clean reboot"), "{s}");
-    // The bless service runs once the box is ready.
+    // The bless service watches the new version once the box is ready, and blesses it only
+    // after the recipe's time (qemu-dev: 15 s) ready and healthy.
+    let log = poll(vm, "nasctl logs bless", "s ready and healthy", Duration::from_secs(120));
+    assert!(log.contains("is on trial: blessed once the box has been ready and healthy for 15s in a row"), "{log}");
+    let blessed = log.lines().find(|l| l.contains("blessed nasos-")).unwrap_or_else(|| panic!("{log}"));
+    let waited: u64 = blessed
+        .split(" after ")
+        .nth(1)
+        .and_then(|r| r.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no time in {blessed}"));
+    assert!(waited >= 15, "blessed after {waited}s, before the recipe's 15s: {blessed}");
     let mine = |s: &str| {
         s.lines().any(|l| {
             l.starts_with(&format!("{slot} ")) && l.contains(version) && l.contains("running") && l.contains("blessed")

@@ -153,9 +153,21 @@ impl fmt::Display for Plan {
             let to: Vec<String> = h.syslog.iter().map(ToString::to_string).collect();
             writeln!(f, "  alerts to the console, the alert history and syslog {}", to.join(", "))?;
         }
+        if !self.links.is_empty() {
+            writeln!(f, "\nfirewall (everything else is dropped)")?;
+            for a in super::firewall::allowed(self) {
+                let from = if a.from.is_empty() { "anywhere".to_string() } else { a.from.join(", ") };
+                let to = a.to.as_ref().map(|t| format!(" to {t}")).unwrap_or_default();
+                writeln!(f, "  {:<8} {}/{:<5} from {from}{to}  ({})", a.link, a.proto, a.port, a.why)?;
+            }
+        }
         writeln!(f, "\nupgrade")?;
         let u = &self.upgrade;
-        writeln!(f, "  {} boot tries before the previous slot boots again", u.boot_tries)?;
+        writeln!(
+            f,
+            "  {} boot tries before the previous slot boots again; blessed after {}s ready and healthy",
+            u.boot_tries, u.bless_after_seconds
+        )?;
         writeln!(f, "  bundles of this image replace {} or later", u.min_version)?;
         if u.trusted_keys.is_empty() {
             writeln!(f, "  trusts no upgrade keys: this box takes no upgrades")?;

@@ -11,6 +11,7 @@ use crate::board::{DeviceMatch, RdmaKind};
 use crate::recipe::{CreatePolicy, NfsVersion, RootLogin, VdevKind};
 
 mod display;
+pub mod firewall;
 mod resolve;
 mod services;
 pub mod udev;
@@ -63,6 +64,8 @@ pub struct Plan {
     pub health: HealthPlan,
     pub upgrade: UpgradePlan,
     pub liveness: LivenessPlan,
+    /// What the box answers on beyond what the plan serves (`firewall::allowed` adds those).
+    pub firewall: FirewallPlan,
     /// The service graph nasinit supervises, in a valid start order.
     pub services: Vec<Service>,
 }
@@ -274,8 +277,14 @@ impl Plan {
                 syslog: Vec::new(),
                 metrics: None,
             },
-            upgrade: UpgradePlan { boot_tries: 3, min_version: "0.0.0".into(), trusted_keys: Vec::new() },
+            upgrade: UpgradePlan {
+                boot_tries: 3,
+                min_version: "0.0.0".into(),
+                trusted_keys: Vec::new(),
+                bless_after_seconds: 300,
+            },
             liveness: LivenessPlan { ready_deadline_seconds: 0, failed_boots_before_staying_up: 3 },
+            firewall: FirewallPlan::default(),
             services: Vec::new(),
         }
     }
@@ -365,6 +374,8 @@ pub struct UpgradePlan {
     pub min_version: String,
     /// The keys whose bundles this box installs.
     pub trusted_keys: Vec<TrustedKeyPlan>,
+    /// Ready and healthy this long in a row before a new version is blessed.
+    pub bless_after_seconds: u32,
 }
 
 /// A trusted upgrade key, carried into the image (the box has no recipe tree to read).
@@ -376,6 +387,22 @@ pub struct TrustedKeyPlan {
     pub file: String,
     /// The key file's text (minisign's `.pub` format).
     pub key: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirewallPlan {
+    /// The recipe's `[[network.allow]]`.
+    pub extra: Vec<FirewallAllowPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirewallAllowPlan {
+    pub link: String,
+    /// `tcp` or `udp`.
+    pub proto: String,
+    pub port: u16,
+    pub from: Vec<String>,
+    pub why: String,
 }
 
 /// One supervised service.

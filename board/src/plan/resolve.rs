@@ -13,6 +13,7 @@ use super::services::{apply_liveness, console_service, services};
 /// The recipe must have passed validation: names it refers to exist, sizes parse.
 pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     let uses_zfs = !r.pools.is_empty();
+    let network = r.fabric.is_some() || !r.network.links.is_empty();
     let rdma_exports = r.nfs.as_ref().is_some_and(|n| n.exports.iter().any(|e| e.rdma));
     let port_of = |name: &str| b.ports.iter().find(|p| p.name == name);
 
@@ -43,6 +44,10 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     }
     if r.fabric.is_some() {
         packages.extend(["rdma-core", "ibverbs-providers", "ibverbs-utils"].map(String::from));
+    }
+    if network {
+        // nft loads the plan's ruleset (`firewall`) before any link comes up.
+        packages.push("nftables".into());
     }
     packages.extend(b.packages.iter().cloned());
     packages.extend(r.packages.extra.iter().cloned());
@@ -79,6 +84,10 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         }
         push("ib_uverbs");
         push("rdma_ucm");
+    }
+    if network {
+        push("nf_tables");
+        push("nft_ct");
     }
     if uses_zfs {
         push("zfs");
@@ -253,7 +262,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         &b.console.device,
         b.console.baud,
     );
-    let mut services = services(r.fabric.is_some() || !r.network.links.is_empty(), uses_zfs, r.nfs.is_some());
+    let mut services = services(network, uses_zfs, r.nfs.is_some());
     apply_liveness(&mut services, &r.liveness, &r.debug.hang_services);
     services.splice(0..0, console);
 
@@ -289,12 +298,30 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         upgrade: UpgradePlan {
             boot_tries: r.upgrade.boot_tries,
             min_version: r.upgrade.min_version.clone(),
+            bless_after_seconds: r.upgrade.bless_after_seconds,
             // Filled by `Loaded::plan` from the key files it read.
             trusted_keys: Vec::new(),
         },
         liveness: LivenessPlan {
             ready_deadline_seconds: r.liveness.ready_deadline_seconds,
             failed_boots_before_staying_up: r.liveness.failed_boots_before_staying_up,
+        },
+        firewall: FirewallPlan {
+            extra: r
+                .network
+                .allow
+                .iter()
+                .map(|a| FirewallAllowPlan {
+                    link: a.link.clone(),
+                    proto: match a.proto {
+                        crate::recipe::Proto::Tcp => "tcp".into(),
+                        crate::recipe::Proto::Udp => "udp".into(),
+                    },
+                    port: u16::try_from(a.port).unwrap_or(u16::MAX),
+                    from: a.from.clone(),
+                    why: a.why.clone(),
+                })
+                .collect(),
         },
         services,
     }

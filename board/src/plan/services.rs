@@ -3,7 +3,7 @@
 use super::*;
 use crate::recipe::Liveness;
 use nasos_layout::agents;
-use nasos_layout::paths::NASINIT;
+use nasos_layout::paths::{self, NASINIT};
 
 /// ZFS's event daemon, from the zfs-zed package.
 const ZED: &str = "/usr/sbin/zed";
@@ -55,7 +55,7 @@ pub(super) fn console_service(login: RootLogin, has_hash: bool, device: &str, ba
 /// The service graph. Order matters: it is a valid start order, and shutdown runs it backwards.
 /// Every service name a plan may have, for recipe settings that name services.
 pub const SERVICE_NAMES: &[&str] =
-    &["console", "udev", "modules", "fabric", "storage", "zed", "nfs", "health", "bless"];
+    &["console", "udev", "modules", "firewall", "fabric", "storage", "zed", "nfs", "health", "bless"];
 
 /// Gives each service that is not ready at once its start timeout (the recipe's, or its
 /// override), and swaps in a program that never finishes for services a development recipe
@@ -108,7 +108,11 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
     add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[]);
     add("modules", load_modules, Readiness::Exited, &modules_policy, None, &["udev"]);
     if network {
-        add("fabric", agents::FABRIC.command("up"), Readiness::Exited, &oneshot, None, &["modules"]);
+        // The plan's ruleset, as one nft transaction, before any link is up or anything listens:
+        // if it cannot be loaded, the links stay down (the box fails closed, and says why).
+        let load = vec![paths::NFT.to_string(), "-f".to_string(), paths::FIREWALL_RULES.to_string()];
+        add("firewall", load, Readiness::Exited, &oneshot, None, &["modules"]);
+        add("fabric", agents::FABRIC.command("up"), Readiness::Exited, &oneshot, None, &["modules", "firewall"]);
     }
     if storage {
         add(
@@ -133,13 +137,15 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
         Readiness::Notify,
         &daemon,
         None,
-        &["modules", "storage", "zed", "nfs"],
+        &["modules", "firewall", "storage", "zed", "nfs"],
     );
     let never = RestartPolicy { when: Restart::Never, ..oneshot.clone() };
+    // Ready once it runs: a version on trial is watched for the recipe's time after the box is
+    // ready, and the box does not wait for that.
     add(
         "bless",
         agents::UPGRADE.command("bless"),
-        Readiness::Exited,
+        Readiness::Started,
         &never,
         None,
         &["fabric", "storage", "nfs", "health"],

@@ -133,7 +133,42 @@ pub(super) fn links<'b>(c: &mut Checker<'_, '_>, r: &Recipe, board: &'b Board) -
     }
     let parsed = addrs.into_iter().filter_map(|(a, p)| a.parse::<IpNet>().ok().map(|n| (n.addr().to_string(), p)));
     c.unique("address", parsed);
+    allow(c, r);
     by_link
+}
+
+/// `[[network.allow]]`: a link the recipe has, networks in CIDR form.
+fn allow(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let base = Path::root().key("network").key("allow");
+    let ifaces: Vec<String> = r
+        .network
+        .links
+        .iter()
+        .flat_map(|l| std::iter::once(l.name.clone()).chain(l.vlans.iter().map(|v| format!("{}.{}", l.name, v.id))))
+        .collect();
+    let names: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+    for (i, a) in r.network.allow.iter().enumerate() {
+        let ap = base.index(i);
+        if !ifaces.contains(&a.link) {
+            c.unknown(&ap.key("link"), "link", &a.link, &names, "[[network.links]]");
+        }
+        for (j, net) in a.from.iter().enumerate() {
+            let np = ap.key("from").index(j);
+            match net.parse::<IpNet>() {
+                Err(_) => c.error(
+                    &np,
+                    format!("invalid network `{net}`"),
+                    "write a network in CIDR form, e.g. \"10.40.0.0/24\"".to_string(),
+                ),
+                Ok(n) if n.trunc() != n => c.error(
+                    &np,
+                    format!("network `{net}` has host bits set"),
+                    format!("did you mean \"{}\"?", n.trunc()),
+                ),
+                Ok(_) => {}
+            }
+        }
+    }
 }
 
 pub(super) fn cidrs(c: &mut Checker<'_, '_>, path: &Path, list: &[String], all: &mut Vec<(String, Path)>) {
@@ -456,7 +491,23 @@ pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
                     format!("client network `{}` has host bits set", cl.network),
                     format!("did you mean \"{}\"?", net.trunc()),
                 ),
-                Ok(_) => {}
+                Ok(net) => {
+                    let cp = ep.key("clients").index(j);
+                    if net.prefix_len() == 0 && cl.access == crate::recipe::Access::Rw && !cl.i_understand {
+                        c.error(
+                            &np,
+                            format!("`{}` lets any host that reaches the box write to this export", cl.network),
+                            "name the clients' networks (e.g. \"10.40.0.0/24\"), or add `i_understand = true` to this client entry if every network that reaches the box may write".to_string(),
+                        );
+                    }
+                    if !cl.root_squash && !cl.i_understand {
+                        c.error(
+                            &cp.key("root_squash"),
+                            "root_squash = false lets root on any of these clients act as root on the export's files".to_string(),
+                            "keep root squash on, or add `i_understand = true` to this client entry if these clients' root is trusted".to_string(),
+                        );
+                    }
+                }
             }
         }
     }

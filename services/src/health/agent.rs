@@ -147,7 +147,7 @@ impl Round {
         let now = checks::fatal(obs);
         self.fatal_since.retain(|id, _| now.iter().any(|(i, _)| i == id));
         let mut out = Vec::new();
-        let mut verdict = nasos_api::HealthVerdict::default();
+        let mut verdict = nasos_api::HealthVerdict { at, ..Default::default() };
         for (id, message) in now {
             let (since, announced) = self.fatal_since.entry(id.clone()).or_insert((at, false));
             if at.saturating_sub(*since) >= self.grace && !*announced {

@@ -1,6 +1,6 @@
 //! The upgrade agent. `apply` installs a signed bundle on the inactive slot (`nasctl upgrade
 //! apply`); `status` reads both slots and the history; `bless` marks the running boot entry good
-//! once the appliance is ready, by removing systemd-boot's try counter from its name
+//! once the appliance has been ready and healthy for the recipe's time ([`trial`]), by removing systemd-boot's try counter from its name
 //! (`nasos-1.2.0+2-1.efi` → `nasos-1.2.0.efi`), and records in the history a version that used
 //! up its tries and was rolled back. An entry that is never blessed runs out of tries and the
 //! previous one boots again. What it reads of the boot loader (systemd-boot's EFI variables)
@@ -12,11 +12,13 @@ pub mod history;
 pub mod slots;
 pub mod source;
 pub mod status;
+pub mod trial;
 
 use std::path::Path;
 
 use anyhow::Context;
 use nasos_layout::entry;
+use nasos_layout::paths;
 use nasos_layout::state::State;
 
 use crate::say;
@@ -83,10 +85,25 @@ pub fn bless() -> anyhow::Result<()> {
         say(format!("{booted} is already blessed"));
         return Ok(());
     };
+    // The ESP is not held while the trial runs: status and apply mount it meanwhile.
+    drop(esp);
+    let after = u64::from(plan.upgrade.bless_after_seconds);
+    say(format!("{booted} is on trial: blessed once the box has been ready and healthy for {after}s in a row"));
+    let mut t = trial::Trial::new(after, u64::from(plan.health.check_interval_seconds));
+    let healthy_for = loop {
+        match t.observe(crate::unix_now(), &nasos_api::HealthVerdict::read(Path::new(paths::HEALTH_VERDICT))) {
+            trial::Step::Bless { healthy_for } => break healthy_for,
+            trial::Step::Wait => {}
+            trial::Step::Unhealthy(why) => say(format!("{booted} is not blessed yet: {why}")),
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    };
+    let esp = Esp::mount(&disk.esp)?;
     std::fs::rename(esp.dir().join(&booted), esp.dir().join(&good))
         .with_context(|| format!("renaming {booted} to {good}"))?;
     esp.sync()?;
-    let _ = history::record(&st, &event("blessed", &plan.image.version, format!("{booted} → {good}")));
-    say(format!("blessed {booted} → {good}"));
+    let detail = format!("{booted} → {good} after {healthy_for}s ready and healthy");
+    let _ = history::record(&st, &event("blessed", &plan.image.version, detail.clone()));
+    say(format!("blessed {detail}"));
     Ok(())
 }
