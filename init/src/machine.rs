@@ -402,6 +402,11 @@ impl Core {
         }
         if !restart {
             let last = s.last_exit.clone();
+            // A service that became ready and then finished its work (a watcher that is done)
+            // is done, not stopped: it still counts as ready.
+            if ok && s.ready_since.is_some() {
+                return self.set_state(i, State::Done, "", now);
+            }
             return if ok {
                 self.set_state(i, State::Stopped, "exited", now)
             } else {

@@ -31,6 +31,23 @@ fn dependencies_start_only_once_what_they_need_is_ready() {
 }
 
 #[test]
+fn a_started_service_that_finishes_its_work_is_done_and_still_ready() {
+    let mut w = sh("watch", "sleep 0.3; exit 0");
+    w.readiness = Readiness::Started;
+    w.restart.when = Restart::Never;
+    let mut early = sh("early", "exit 0");
+    early.readiness = Readiness::Check { command: vec!["/bin/false".into()], interval_ms: 50 };
+    early.restart.when = Restart::Never;
+    let n = Nasinit::start("done", vec![w, early]);
+    let w = n.wait_for("watch", T, |s| s.state == "done");
+    assert_eq!(w.last_exit, "exit 0", "{w:?}");
+    // One that exits before it was ever ready is stopped, not done.
+    let e = n.wait_for("early", T, |s| s.state != "waiting" && s.state != "starting");
+    assert_eq!(e.state, "stopped", "{e:?}");
+    n.poweroff();
+}
+
+#[test]
 fn readiness_check_gates_dependents_until_it_passes() {
     let dir_flag = std::env::temp_dir().join(format!("nasinit-flag-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir_flag);

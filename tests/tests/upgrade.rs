@@ -18,7 +18,7 @@ struct Built {
     v1: PathBuf,
     v2: PathBuf,
     v3: PathBuf,
-    /// 0.4.0, built so that it never gets ready (its storage hangs; a 30 s boot deadline).
+    /// 0.4.0, built so that it never gets ready (its storage hangs; a 20 s boot deadline).
     broken: PathBuf,
 }
 
@@ -49,7 +49,7 @@ fn build() {
     let v2 = dev_bundle("0.2.0", "");
     let v3 = dev_bundle("0.3.0", "");
     let broken =
-        dev_bundle("0.4.0", "\n[liveness]\nready_deadline_seconds = 30\n\n[debug]\nhang_services = [\"storage\"]\n");
+        dev_bundle("0.4.0", "\n[liveness]\nready_deadline_seconds = 20\n\n[debug]\nhang_services = [\"storage\"]\n");
     BUILT.set(Built { v1, v2, v3, broken });
 }
 
@@ -349,7 +349,7 @@ fn v2_from_usb() {
         let (out, code) = vm.run("nasctl upgrade apply usb:", Duration::from_secs(900)).expect("apply");
         assert_eq!(code, 0, "{out}");
         assert!(out.contains("signed by key 916D609174D6BE94"), "{out}");
-        assert!(out.contains("installed on slot b (entry nasos-0.2.0+3.efi"), "{out}");
+        assert!(out.contains("installed on slot b (entry nasos-0.2.0+2.efi"), "{out}");
         let rate = |text: &str, unit: &str| -> Option<f64> {
             let l = text.lines().rev().find(|l| l.contains(unit))?;
             let before = l[..l.find(unit)?].trim_end();
@@ -361,7 +361,7 @@ fn v2_from_usb() {
             eprintln!("apply / plain write: {:.2}x", a / p);
         }
         let status = ok(vm, "nasctl upgrade status");
-        assert!(status.contains("boots next: nasos-0.2.0+3.efi"), "{status}");
+        assert!(status.contains("boots next: nasos-0.2.0+2.efi"), "{status}");
         vm.unplug_usb().expect("unplug");
         vm.send_line("nasctl reboot").expect("reboot");
         check_running(vm, "0.2.0", "b", &id);
@@ -403,15 +403,15 @@ fn rollback() {
         vm.plug_usb(&stick).expect("plug");
         let (out, code) = vm.run("nasctl upgrade apply usb:", Duration::from_secs(900)).expect("apply");
         assert_eq!(code, 0, "{out}");
-        assert!(out.contains("installed on slot b (entry nasos-0.4.0+3.efi"), "{out}");
+        assert!(out.contains("installed on slot b (entry nasos-0.4.0+2.efi"), "{out}");
         vm.unplug_usb().expect("unplug");
         vm.send_line("nasctl reboot").expect("reboot");
         vm.expect_new_shell();
-        for n in 1..=3 {
+        for n in 1..=2 {
             vm.wait_for("nasinit: started", Duration::from_secs(300))
                 .unwrap_or_else(|e| panic!("try {n} of 0.4.0: {e}"));
             let missed =
-                vm.wait_for("nasinit: missed the boot deadline (30s)", Duration::from_secs(300)).expect("the deadline");
+                vm.wait_for("nasinit: missed the boot deadline (20s)", Duration::from_secs(300)).expect("the deadline");
             assert!(missed.contains("not ready: storage"), "{missed}");
             let reboot = vm.wait_for("nasinit: rebooting", Duration::from_secs(60)).expect("a reboot");
             assert!(reboot.contains("is on trial: its boot tries, not the guard, end this"), "try {n}: {reboot}");
@@ -422,7 +422,7 @@ fn rollback() {
         let s = ok(vm, "nasctl status");
         assert!(s.contains("qemu-dev 0.3.0 on nasos-dev"), "{s}");
         let status = poll(vm, "nasctl upgrade status", "rolled-back", Duration::from_secs(120));
-        assert!(status.contains("0.4.0 used up its 3 boot tries without becoming ready"), "{status}");
+        assert!(status.contains("0.4.0 used up its 2 boot tries without becoming ready"), "{status}");
         assert!(
             status.lines().any(|l| l.starts_with("b ") && l.contains("0.4.0") && l.contains("out of tries")),
             "{status}"

@@ -181,10 +181,9 @@ pub fn ruleset(plan: &Plan) -> String {
     for a in allowed(plan) {
         let mut rule = format!("\t\tiifname \"{}\"", a.link);
         let (v4, v6): (Vec<&String>, Vec<&String>) = a.from.iter().partition(|n| !n.contains(':'));
-        let to = a
-            .to
-            .as_ref()
-            .map(|ip| if ip.contains(':') { format!(" ip6 daddr {ip}") } else { format!(" ip daddr {ip}") });
+        let to =
+            a.to.as_ref()
+                .map(|ip| if ip.contains(':') { format!(" ip6 daddr {ip}") } else { format!(" ip daddr {ip}") });
         let why: String = a.why.chars().filter(|c| *c != '"' && *c != '\\' && !c.is_control()).collect();
         let tail = format!(" {} dport {} accept comment \"{why}\"", a.proto, a.port);
         if a.from.is_empty() {
