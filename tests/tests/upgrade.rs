@@ -18,7 +18,7 @@ struct Built {
     v1: PathBuf,
     v2: PathBuf,
     v3: PathBuf,
-    /// 0.4.0, built so that it never gets ready (its storage hangs; a 20 s boot deadline).
+    /// 0.4.0, built so that it never gets ready (its storage hangs; a 30 s boot deadline).
     broken: PathBuf,
 }
 
@@ -49,7 +49,7 @@ fn build() {
     let v2 = dev_bundle("0.2.0", "");
     let v3 = dev_bundle("0.3.0", "");
     let broken =
-        dev_bundle("0.4.0", "\n[liveness]\nready_deadline_seconds = 20\n\n[debug]\nhang_services = [\"storage\"]\n");
+        dev_bundle("0.4.0", "\n[liveness]\nready_deadline_seconds = 30\n\n[debug]\nhang_services = [\"storage\"]\n");
     BUILT.set(Built { v1, v2, v3, broken });
 }
 
@@ -411,7 +411,7 @@ fn rollback() {
             vm.wait_for("nasinit: started", Duration::from_secs(300))
                 .unwrap_or_else(|e| panic!("try {n} of 0.4.0: {e}"));
             let missed =
-                vm.wait_for("nasinit: missed the boot deadline (20s)", Duration::from_secs(300)).expect("the deadline");
+                vm.wait_for("nasinit: missed the boot deadline (30s)", Duration::from_secs(300)).expect("the deadline");
             assert!(missed.contains("not ready: storage"), "{missed}");
             let reboot = vm.wait_for("nasinit: rebooting", Duration::from_secs(60)).expect("a reboot");
             assert!(reboot.contains("is on trial: its boot tries, not the guard, end this"), "try {n}: {reboot}");
