@@ -152,10 +152,15 @@ pub fn ok(vm: &mut Vm, cmd: &str) -> String {
 
 /// Runs `cmd` until its output contains `needle` or `within` has passed; returns the last output.
 pub fn poll(vm: &mut Vm, cmd: &str, needle: &str, within: Duration) -> String {
+    poll_until(vm, cmd, |out| out.contains(needle), within)
+}
+
+/// Runs `cmd` until its output satisfies `done` or `within` has passed; returns the last output.
+pub fn poll_until(vm: &mut Vm, cmd: &str, done: impl Fn(&str) -> bool, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
         let out = ok(vm, cmd);
-        if out.contains(needle) || Instant::now() >= deadline {
+        if done(&out) || Instant::now() >= deadline {
             return out;
         }
         std::thread::sleep(Duration::from_millis(500));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use nasos_qemu::{Link, Vm};
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{build_binaries, nasos, ok, overlay, repo};
+use nasos_tests::{build_binaries, nasos, ok, overlay, poll_until, repo};
 
 /// The built qemu-dev image's output directory.
 static IMAGE: Shared<PathBuf> = Shared::new("build::qemu_dev_image");
@@ -140,12 +140,7 @@ fn nasctl_reports() {
         eprintln!("{}", ok(vm, "nasctl timeline"));
         // The factory image is blessed already: the bless service finds so and is done.
         let bless_done = |s: &str| s.lines().any(|l| l.starts_with("bless") && l.contains("done"));
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let mut services = ok(vm, "nasctl services");
-        while !bless_done(&services) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_secs(1));
-            services = ok(vm, "nasctl services");
-        }
+        let services = poll_until(vm, "nasctl services", bless_done, Duration::from_secs(30));
         assert!(bless_done(&services), "{services}");
     });
 }

@@ -579,10 +579,7 @@ fn replace_bay() {
     PAIR.with(|Pair { nas, .. }| {
         let (_, st) = nas.run("nasctl replace BAY07", Duration::from_secs(60)).expect("replace");
         assert_ne!(st, 0, "replace with the bay empty must fail");
-        let blank = repo().join("build/e2e/datapath/blank-bay07.qcow2");
-        let _ = std::fs::remove_file(&blank);
-        nas.plug_bay(7, &blank).expect("plug a blank disk into BAY07");
-        poll(nas, "ls /dev/disk/by-bay/", "BAY07", Duration::from_secs(15));
+        plug_blank(nas, 7);
         nas.wait_for("health: ok again (was critical): BAY07: drive present", Duration::from_secs(15))
             .expect("the bay's alert clears when a drive is in it");
         let out = ok(nas, "nasctl replace BAY07");
@@ -616,10 +613,7 @@ fn replace_bay() {
             nas.pull_bay(8).expect("take the foreign disk out again");
             let (_, gone) = nas.run("sleep 2; test -e /dev/disk/by-bay/BAY08", Duration::from_secs(30)).expect("test");
             assert_ne!(gone, 0, "the foreign disk is still named BAY08");
-            let blank8 = repo().join("build/e2e/datapath/blank-bay08.qcow2");
-            let _ = std::fs::remove_file(&blank8);
-            nas.plug_bay(8, &blank8).expect("plug a blank disk into BAY08");
-            poll(nas, "ls /dev/disk/by-bay/", "BAY08", Duration::from_secs(15));
+            plug_blank(nas, 8);
             let out = ok(nas, "nasctl replace BAY08");
             assert!(out.contains("BAY08: resilvering pool tank onto the new disk"), "{out}");
         }
@@ -638,6 +632,14 @@ fn replace_bay() {
         let h = poll(nas, "nasctl health", "health: OK", Duration::from_secs(30));
         assert!(h.contains("ok again (was warning): pool tank: ONLINE"), "{h}");
     });
+}
+
+/// Plugs a new blank disk into bay `n` and waits for udev to give it the bay's name.
+fn plug_blank(nas: &mut nasos_qemu::Vm, n: u32) {
+    let blank = repo().join(format!("build/e2e/datapath/blank-bay{n:02}.qcow2"));
+    let _ = std::fs::remove_file(&blank);
+    nas.plug_bay(n, &blank).unwrap_or_else(|e| panic!("plug a blank disk into BAY{n:02}: {e:#}"));
+    poll(nas, "ls /dev/disk/by-bay/", &format!("BAY{n:02}"), Duration::from_secs(15));
 }
 
 /// A disk image holding an ext4 filesystem, as a disk from another machine would.

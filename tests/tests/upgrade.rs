@@ -12,7 +12,7 @@ use std::time::Duration;
 use nasos_bundle::{Manifest, reader};
 use nasos_qemu::{Link, Vm};
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{build_binaries, bundles_dir, dev_bundle, nasos, ok, poll, repo};
+use nasos_tests::{build_binaries, bundles_dir, dev_bundle, nasos, ok, poll, poll_until, repo};
 
 struct Built {
     v1: PathBuf,
@@ -320,12 +320,7 @@ fn check_running(vm: &mut Vm, version: &str, slot: &str, machine_id: &str) {
             l.starts_with(&format!("{slot} ")) && l.contains(version) && l.contains("running") && l.contains("blessed")
         })
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let mut status = ok(vm, "nasctl upgrade status");
-    while !mine(&status) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_secs(1));
-        status = ok(vm, "nasctl upgrade status");
-    }
+    let status = poll_until(vm, "nasctl upgrade status", mine, Duration::from_secs(120));
     assert!(mine(&status), "{version} is not running blessed on slot {slot}: {status}");
     assert_eq!(ok(vm, "cat /export/tank/scratch/upgrade-marker/file").trim(), "kept");
     assert_eq!(ok(vm, "cat /etc/machine-id").trim(), machine_id, "the identity changed");

@@ -162,10 +162,10 @@ pub fn ruleset(plan: &Plan) -> String {
     let _ = writeln!(s, "delete table inet {TABLE}");
     let _ = writeln!(s, "table inet {TABLE} {{");
     // RoCE is not connection-tracked: per-packet conntrack would cost the data path for nothing.
-    let _ = writeln!(s, "\tchain raw_in {{\n\t\ttype filter hook prerouting priority raw; policy accept;");
-    let _ = writeln!(s, "\t\tudp dport {ROCE_V2_UDP} notrack\n\t}}");
-    let _ = writeln!(s, "\tchain raw_out {{\n\t\ttype filter hook output priority raw; policy accept;");
-    let _ = writeln!(s, "\t\tudp dport {ROCE_V2_UDP} notrack\n\t}}");
+    for (chain, hook) in [("raw_in", "prerouting"), ("raw_out", "output")] {
+        let _ = writeln!(s, "\tchain {chain} {{\n\t\ttype filter hook {hook} priority raw; policy accept;");
+        let _ = writeln!(s, "\t\tudp dport {ROCE_V2_UDP} notrack\n\t}}");
+    }
     let _ = writeln!(s, "\tchain input {{\n\t\ttype filter hook input priority filter; policy drop;");
     let _ = writeln!(s, "\t\tiif \"lo\" accept");
     let _ = writeln!(s, "\t\tct state established,related accept");
