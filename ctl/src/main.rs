@@ -238,16 +238,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 }
                 return print(&Timeline { kernel_ms: s.kernel_ms, ready_ms: s.ready_ms, services: &t });
             }
+            // The name column fits the longest service name (`modules-storage`).
+            let w = t.iter().map(|e| e.name.len()).max().unwrap_or(0).max("appliance".len()) + 2;
             if s.kernel_ms >= 0 {
-                println!("{:<12} {:>9}", "kernel", secs(s.kernel_ms));
+                println!("{:<w$} {:>9}", "kernel", secs(s.kernel_ms));
             }
-            println!("{:<12} {:>9} {:>9} {:>9}", "SERVICE", "STARTED", "READY", "TOOK");
+            println!("{:<w$} {:>9} {:>9} {:>9}", "SERVICE", "STARTED", "READY", "TOOK");
             for e in &t {
                 let took =
                     if e.ready_ms >= 0 && e.started_ms >= 0 { secs(e.ready_ms - e.started_ms) } else { "-".into() };
-                println!("{:<12} {:>9} {:>9} {:>9}", e.name, secs(e.started_ms), secs(e.ready_ms), took);
+                println!("{:<w$} {:>9} {:>9} {:>9}", e.name, secs(e.started_ms), secs(e.ready_ms), took);
             }
-            println!("{:<12} {:>9} {:>9}", "appliance", "", secs(s.ready_ms));
+            println!("{:<w$} {:>9} {:>9}", "appliance", "", secs(s.ready_ms));
         }
         Command::FactoryReset => factory_reset(&client).await?,
         Command::Debug { what: Debug::HangShutdown } => {
@@ -447,14 +449,15 @@ async fn factory_reset(client: &Client) -> anyhow::Result<()> {
 }
 
 fn print_services(list: &[ServiceInfo]) {
+    let w = list.iter().map(|s| s.name.len()).max().unwrap_or(0).max("SERVICE".len());
     println!(
-        "{:<10} {:<9} {:>7} {:>8} {:>9}  {:<12} DETAIL",
+        "{:<w$} {:<9} {:>7} {:>8} {:>9}  {:<12} DETAIL",
         "SERVICE", "STATE", "PID", "RESTARTS", "SINCE", "LAST EXIT"
     );
     for s in list {
         let pid = if s.pid == 0 { "-".to_string() } else { s.pid.to_string() };
         println!(
-            "{:<10} {:<9} {:>7} {:>8} {:>9}  {:<12} {}",
+            "{:<w$} {:<9} {:>7} {:>8} {:>9}  {:<12} {}",
             s.name,
             s.state,
             pid,

@@ -94,30 +94,45 @@ pub fn set_hostname(name: &str, console: &Console) {
 }
 
 /// The bays whose drive udev has named (`/dev/disk/by-bay/BAYnn`, made by the plan's rules, see
-/// `nasos_board::plan::udev`). `dir` is normally [`BAY_DIR`].
-pub fn present_bays(dir: &Path, bays: &[BayPlan]) -> Vec<String> {
-    bays.iter().filter(|b| dir.join(&b.name).exists()).map(|b| b.name.clone()).collect()
+/// `nasos_board::plan::udev`), with every partition the kernel knows on it (`BAYnn-partN`): what
+/// an import by bay needs. `dir` is normally [`BAY_DIR`], `sys_block` `/sys/class/block`.
+pub fn present_bays(dir: &Path, sys_block: &Path, bays: &[BayPlan]) -> Vec<String> {
+    bays.iter().filter(|b| bay_named(dir, sys_block, &b.name)).map(|b| b.name.clone()).collect()
 }
 
-/// Waits until udev has named every bay of the plan, at most `wait`, after the events queued so
-/// far are handled. Returns the bays present. Empty bays are not an error: they just take the wait.
+fn bay_named(dir: &Path, sys_block: &Path, bay: &str) -> bool {
+    // A link whose device is gone does not count (udev drops it on removal; leftovers).
+    let Ok(dev) = fs::canonicalize(dir.join(bay)) else { return false };
+    let Some(name) = dev.file_name().and_then(|n| n.to_str()) else { return false };
+    let Ok(entries) = fs::read_dir(sys_block.join(name)) else { return true };
+    entries.flatten().all(|e| {
+        let part = e.file_name();
+        let part = part.to_string_lossy();
+        // Partitions are the subdirectories named DEVpN (nvme3n1p1), numbered by the kernel.
+        match part.strip_prefix(name).and_then(|p| p.strip_prefix('p')).filter(|n| n.parse::<u32>().is_ok()) {
+            Some(n) => dir.join(format!("{bay}-part{n}")).exists(),
+            None => true,
+        }
+    })
+}
+
+/// Waits until udev has named every bay of the plan and its partitions, at most `wait`.
+/// Returns the bays present. Empty bays are not an error: they just take the wait. It polls
+/// the links rather than waiting for udev's whole queue to settle: other module sets load side
+/// by side, and their devices' events are not the bays' business.
 pub fn wait_for_bays(bays: &[BayPlan], wait: std::time::Duration) -> Vec<String> {
-    if let Err(e) = nasos_exec::Tool::new("/usr/bin/udevadm")
-        .args(["settle", "--timeout=30"])
-        .timeout(std::time::Duration::from_secs(40))
-        .run()
-    {
-        println!("{e}");
-    }
     let t = std::time::Instant::now();
     loop {
-        let present = present_bays(Path::new(BAY_DIR), bays);
+        let present = present_bays(Path::new(BAY_DIR), Path::new(SYS_CLASS_BLOCK), bays);
         if present.len() == bays.len() || t.elapsed() >= wait {
             return present;
         }
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Where the kernel lists block devices and their partitions.
+pub const SYS_CLASS_BLOCK: &str = "/sys/class/block";
 
 /// The directory for runtime state: /run/nasinit as PID 1.
 pub fn run_dir() -> PathBuf {
@@ -144,19 +159,35 @@ mod tests {
     }
 
     #[test]
-    fn a_bay_is_present_when_udev_named_it() {
-        let dir = std::env::temp_dir().join(format!("nasos-bays-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).expect("dir");
-        std::os::unix::fs::symlink("/dev/null", dir.join("BAY02")).expect("link");
-        // A link whose device is gone (udev drops it on removal; this guards against leftovers).
+    fn a_bay_is_present_when_udev_named_it_and_its_partitions() {
+        let root = std::env::temp_dir().join(format!("nasos-bays-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let (dir, dev, sys) = (root.join("by-bay"), root.join("dev"), root.join("sys"));
+        for d in
+            [&dir, &dev, &sys.join("nvme1n1/nvme1n1p1"), &sys.join("nvme1n1/queue"), &sys.join("nvme2n1/nvme2n1p1")]
+        {
+            fs::create_dir_all(d).expect("dir");
+        }
+        for d in ["nvme1n1", "nvme1n1p1", "nvme2n1", "nvme2n1p1"] {
+            fs::write(dev.join(d), b"").expect("node");
+        }
+        let link = |to: &str, name: &str| std::os::unix::fs::symlink(dev.join(to), dir.join(name)).expect("link");
+        // BAY02: the disk and its one partition are named; `queue` is not a partition.
+        link("nvme1n1", "BAY02");
+        link("nvme1n1p1", "BAY02-part1");
+        // BAY04: the disk is named, its partition not yet (udev is still at work).
+        link("nvme2n1", "BAY04");
+        // BAY03: a link whose device is gone.
         std::os::unix::fs::symlink("/nonexistent/nvme9n1", dir.join("BAY03")).expect("link");
         let bays = [
             bay("BAY01", Some("BAY01"), None),
             bay("BAY02", Some("BAY02"), None),
             bay("BAY03", None, Some("0000:43:00.0")),
+            bay("BAY04", Some("BAY04"), None),
         ];
-        assert_eq!(present_bays(&dir, &bays), vec!["BAY02".to_string()]);
-        fs::remove_dir_all(&dir).expect("cleanup");
+        assert_eq!(present_bays(&dir, &sys, &bays), vec!["BAY02".to_string()]);
+        link("nvme2n1p1", "BAY04-part1");
+        assert_eq!(present_bays(&dir, &sys, &bays), vec!["BAY02".to_string(), "BAY04".to_string()]);
+        fs::remove_dir_all(&root).expect("cleanup");
     }
 }

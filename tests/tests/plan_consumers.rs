@@ -22,7 +22,13 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("packages", "image/src/build.rs", "plan.packages"),
     ("kernel.cmdline", "image/src/build.rs", "plan.kernel.cmdline"),
     ("kernel.initramfs_modules", "image/src/build.rs", "plan.kernel.initramfs_modules"),
-    ("kernel.modules", "init/src/bin/nasinit.rs", "plan.kernel.modules"),
+    ("kernel.modules", "image/src/root.rs", "plan.kernel.modules"),
+    // Each set is loaded by its own service (nasinit load-modules SERVICE).
+    ("kernel.module_sets[].service", "init/src/bin/nasinit.rs", "s.service == set"),
+    ("kernel.module_sets[].modules", "init/src/bin/nasinit.rs", "&set.modules"),
+    ("kernel.module_sets[].bays", "init/src/bin/nasinit.rs", "set.bays"),
+    ("kernel.module_sets[].replay_drives", "init/src/bin/nasinit.rs", "set.replay_drives"),
+    ("kernel.module_sets[].nice", "init/src/bin/nasinit.rs", "set.nice"),
     ("kernel.module_options.*", "init/src/bin/nasinit.rs", "plan.kernel.module_options"),
     // The console is the `console` service (agetty on this device at this speed).
     ("console.device", "board/src/plan/resolve.rs", "&b.console.device,"),
@@ -37,7 +43,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("links[].match.mac", "services/src/fabric.rs", "link.matcher.mac"),
     ("links[].match.pci", "services/src/fabric.rs", "link.matcher.pci"),
     // A link's driver is loaded at boot: resolved into kernel.modules.
-    ("links[].driver", "board/src/plan/resolve.rs", "push(&port.driver)"),
+    ("links[].driver", "board/src/plan/resolve.rs", "sets.push(MODULES_NET, &port.driver)"),
     ("links[].speed_mbps", "services/src/fabric.rs", "link.speed_mbps"),
     ("links[].mtu", "services/src/fabric.rs", "link.mtu"),
     ("links[].addresses", "services/src/fabric.rs", "link.addresses"),
@@ -87,7 +93,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("nfs.exports[].clients[].network", "services/src/nfs.rs", "nfs.exports_table_of("),
     ("nfs.exports[].clients[].options", "services/src/nfs.rs", "nfs.exports_table_of("),
     // The watchdog's driver is loaded at boot: resolved into kernel.modules.
-    ("health.watchdog_driver", "board/src/plan/resolve.rs", "push(&b.watchdog.driver)"),
+    ("health.watchdog_driver", "board/src/plan/resolve.rs", "sets.push(MODULES, &b.watchdog.driver)"),
     ("health.watchdog_identity", "init/src/bin/nasinit.rs", "plan.health.watchdog_identity"),
     ("health.watchdog_timeout_seconds", "init/src/bin/nasinit.rs", "plan.health.watchdog_timeout_seconds"),
     ("health.nvme_temperature_warn_celsius", "services/src/health/checks.rs", "h.nvme_temperature_warn_celsius"),

@@ -28,7 +28,15 @@ impl fmt::Display for Plan {
         writeln!(f, "  {}", self.packages.join(" "))?;
         writeln!(f, "\nkernel")?;
         writeln!(f, "  initramfs modules  {}", self.kernel.initramfs_modules.join(" "))?;
-        writeln!(f, "  modules            {}", self.kernel.modules.join(" "))?;
+        for set in &self.kernel.module_sets {
+            let then = match (set.bays, set.replay_drives) {
+                (true, true) => "; then replays the drives' udev events and waits for the bays",
+                (true, false) => "; then waits for udev to name the bays",
+                _ => "",
+            };
+            let nice = if set.nice != 0 { format!(" (at nice {})", set.nice) } else { String::new() };
+            writeln!(f, "  {:<18} {}{nice}{then}", set.service, set.modules.join(" "))?;
+        }
         for (m, opts) in &self.kernel.module_options {
             let o: Vec<String> = opts.iter().map(|(k, v)| format!("{k}={v}")).collect();
             writeln!(f, "  options {m:<10} {}", o.join(" "))?;
@@ -194,16 +202,16 @@ impl fmt::Display for Plan {
             };
             writeln!(
                 f,
-                "  {:<8} {:<38} ready: {ready:<9} restart: {}{after}",
+                "  {:<15} {:<42} ready: {ready:<9} restart: {}{after}",
                 s.name,
                 s.command.join(" "),
                 word(&s.restart.when)
             )?;
             if let Some(ms) = s.start_timeout_ms {
-                writeln!(f, "           ready within {}s of its start, or stopped as failed", ms / 1000)?;
+                writeln!(f, "{:18}ready within {}s of its start, or stopped as failed", "", ms / 1000)?;
             }
             if let Some(stop) = &s.stop_command {
-                writeln!(f, "           on stop: {}", stop.join(" "))?;
+                writeln!(f, "{:18}on stop: {}", "", stop.join(" "))?;
             }
         }
         Ok(())

@@ -85,12 +85,35 @@ pub struct ImagePlan {
 pub struct KernelPlan {
     /// Modules the initramfs loads to reach the root filesystem.
     pub initramfs_modules: Vec<String>,
-    /// Modules nasinit loads before starting services, in order.
+    /// Every module the image keeps and the box loads: the module sets' modules, in order.
     pub modules: Vec<String>,
+    /// The same modules split by who needs them, each set loaded by its own supervised oneshot
+    /// (the set's `service`): a consumer starts once its own drivers are in, so storage does not
+    /// wait for nfsd, nor the links for zfs.
+    pub module_sets: Vec<ModuleSet>,
     /// Module parameters (`modprobe NAME KEY=VALUE`), by module.
     pub module_options: BTreeMap<String, BTreeMap<String, String>>,
     /// Kernel command line, without the root and verity arguments the image stage adds.
     pub cmdline: Vec<String>,
+}
+
+/// Modules one `nasinit load-modules SERVICE` oneshot loads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModuleSet {
+    /// The service that loads the set (`modules`, `modules-storage`, `modules-net`, `modules-nfs`).
+    pub service: String,
+    /// The modules, in load order (modprobe brings their dependencies).
+    pub modules: Vec<String>,
+    /// The drives' driver is in this set: once loaded, wait for udev to name the bays.
+    pub bays: bool,
+    /// The initramfs loaded the drives' driver (the box boots from NVMe), so the drives appeared
+    /// before udevd ran: their add events are replayed for udev to name the bays. Otherwise the
+    /// driver loads in this set and udev sees each drive appear; nothing else needs replaying
+    /// (a full coldplug costs seconds of udev work under emulation, for no rule the box uses).
+    pub replay_drives: bool,
+    /// The niceness its modprobes run at: module init is CPU work, and the sets off the
+    /// storage path (the longest one to serving: drives, zfs, import) yield the CPU to it.
+    pub nice: i8,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -247,6 +270,7 @@ impl Plan {
             kernel: KernelPlan {
                 initramfs_modules: Vec::new(),
                 modules: Vec::new(),
+                module_sets: Vec::new(),
                 module_options: BTreeMap::new(),
                 cmdline: Vec::new(),
             },

@@ -6,7 +6,7 @@ use crate::recipe::{Access, Recipe};
 use crate::units::parse_size;
 use nasos_layout::paths::EXPORT_ROOT;
 
-use super::services::{apply_liveness, console_service, services};
+use super::services::{MODULES, MODULES_NET, MODULES_NFS, MODULES_STORAGE, apply_liveness, console_service, services};
 
 /// Resolves a validated recipe on its board into a plan.
 ///
@@ -58,49 +58,53 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         if b.boot.matcher.virtio_serial.is_some() { &["virtio_pci", "virtio_blk"] } else { &["nvme"] };
     let mut initramfs_modules: Vec<String> = boot_drivers.iter().map(|s| s.to_string()).collect();
     initramfs_modules.extend(["dm-mod", "dm-verity", "erofs"].map(String::from));
-    let mut modules: Vec<String> = b.kernel.modules.clone();
-    let mut push = |m: &str| {
-        if !modules.iter().any(|x| x == m) {
-            modules.push(m.to_string());
-        }
-    };
-    push("nvme");
-    push(&b.watchdog.driver);
+    // Each module lands in the set of the first service that needs it; the base set (`modules`)
+    // holds what the board and the box itself need, and every service starts after it.
+    let mut sets = ModuleSets::default();
+    b.kernel.modules.iter().for_each(|m| sets.push(MODULES, m));
+    sets.push(MODULES, &b.watchdog.driver);
     // The ESP is FAT: blessing a boot entry renames a file on it.
-    push("vfat");
+    sets.push(MODULES, "vfat");
+    for m in &r.kernel.modules {
+        sets.push(MODULES, m);
+    }
+    if uses_zfs {
+        sets.push(MODULES_STORAGE, "nvme");
+        sets.push(MODULES_STORAGE, "zfs");
+    }
     for link in &r.network.links {
         if let Some(port) = port_of(&link.port) {
-            push(&port.driver);
+            sets.push(MODULES_NET, &port.driver);
         }
         if !link.vlans.is_empty() {
-            push("8021q");
+            sets.push(MODULES_NET, "8021q");
         }
     }
     if let Some(f) = &r.fabric {
         for l in &f.links {
             if let Some(port) = r.network.links.iter().find(|x| &x.name == l).and_then(|x| port_of(&x.port)) {
-                port.rdma.modules().iter().for_each(|m| push(m));
+                port.rdma.modules().iter().for_each(|m| sets.push(MODULES_NET, m));
             }
         }
-        push("ib_uverbs");
-        push("rdma_ucm");
+        sets.push(MODULES_NET, "ib_uverbs");
+        sets.push(MODULES_NET, "rdma_ucm");
     }
     if network {
-        push("nf_tables");
-        push("nft_ct");
-    }
-    if uses_zfs {
-        push("zfs");
+        sets.push(MODULES_NET, "nf_tables");
+        sets.push(MODULES_NET, "nft_ct");
     }
     if r.nfs.is_some() {
-        push("nfsd");
+        sets.push(MODULES_NFS, "nfsd");
     }
     if rdma_exports {
-        push("rpcrdma");
+        sets.push(MODULES_NFS, "rpcrdma");
     }
-    for m in &r.kernel.modules {
-        push(m);
-    }
+    // The bays' driver; with pools, the set it landed in waits for udev to name the bays (only
+    // storage needs the names at boot).
+    sets.push(MODULES, "nvme");
+    let drives_early = initramfs_modules.iter().any(|m| m == "nvme");
+    let module_sets = sets.into_sets(uses_zfs, drives_early);
+    let modules: Vec<String> = module_sets.iter().flat_map(|s| s.modules.iter().cloned()).collect();
     let mut module_options: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     if uses_zfs {
         let mut zfs: BTreeMap<String, String> = r.zfs.tunables.clone();
@@ -262,7 +266,8 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         &b.console.device,
         b.console.baud,
     );
-    let mut services = services(network, uses_zfs, r.nfs.is_some());
+    let set_names: Vec<&str> = module_sets.iter().map(|s| s.service.as_str()).collect();
+    let mut services = services(&set_names, network, uses_zfs, r.nfs.is_some());
     apply_liveness(&mut services, &r.liveness, &r.debug.hang_services);
     services.splice(0..0, console);
 
@@ -278,7 +283,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
             size_budget_mib: r.image.size_budget_mib,
         },
         packages,
-        kernel: KernelPlan { initramfs_modules, modules, module_options, cmdline },
+        kernel: KernelPlan { initramfs_modules, modules, module_sets, module_options, cmdline },
         console: ConsolePlan {
             device: b.console.device.clone(),
             baud: b.console.baud,
@@ -329,4 +334,37 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
 
 fn clamp_u8(v: u32) -> u8 {
     u8::try_from(v).unwrap_or(u8::MAX)
+}
+
+/// Modules by the set that loads them, each module once (in the first set that asked for it).
+#[derive(Default)]
+struct ModuleSets {
+    sets: Vec<(&'static str, Vec<String>)>,
+}
+
+impl ModuleSets {
+    fn push(&mut self, set: &'static str, module: &str) {
+        if self.sets.iter().any(|(_, ms)| ms.iter().any(|m| m == module)) {
+            return;
+        }
+        match self.sets.iter_mut().find(|(s, _)| *s == set) {
+            Some((_, ms)) => ms.push(module.to_string()),
+            None => self.sets.push((set, vec![module.to_string()])),
+        }
+    }
+
+    /// The sets in start order, the base set first; with `wait_bays`, the one holding `nvme`
+    /// waits for the bays.
+    fn into_sets(self, wait_bays: bool, drives_early: bool) -> Vec<ModuleSet> {
+        let order = [MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS];
+        let mut sets = self.sets;
+        sets.sort_by_key(|(s, _)| order.iter().position(|o| o == s));
+        sets.into_iter()
+            .map(|(service, modules)| {
+                let bays = wait_bays && modules.iter().any(|m| m == "nvme");
+                let nice = if service == MODULES_NET || service == MODULES_NFS { 10 } else { 0 };
+                ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays && drives_early, nice }
+            })
+            .collect()
+    }
 }

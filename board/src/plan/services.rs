@@ -1,4 +1,6 @@
-//! The service graph of a plan: the console, then modules → fabric, storage → nfs → health → bless.
+//! The service graph of a plan: the console, then the module sets side by side (`modules`,
+//! `modules-storage`, `modules-net`, `modules-nfs`) → firewall → fabric, storage → nfs → health
+//! → bless, each service after the sets it needs.
 
 use super::*;
 use crate::recipe::Liveness;
@@ -54,8 +56,29 @@ pub(super) fn console_service(login: RootLogin, has_hash: bool, device: &str, ba
 
 /// The service graph. Order matters: it is a valid start order, and shutdown runs it backwards.
 /// Every service name a plan may have, for recipe settings that name services.
-pub const SERVICE_NAMES: &[&str] =
-    &["console", "udev", "modules", "firewall", "fabric", "storage", "zed", "nfs", "health", "bless"];
+pub const SERVICE_NAMES: &[&str] = &[
+    "console",
+    "udev",
+    MODULES,
+    MODULES_STORAGE,
+    MODULES_NET,
+    MODULES_NFS,
+    "firewall",
+    "fabric",
+    "storage",
+    "zed",
+    "nfs",
+    "health",
+    "bless",
+];
+
+/// The module sets' services (see [`super::ModuleSet`]): what the board and the box need, what
+/// storage needs (the drives' driver, zfs), what the links need (NIC, RDMA, nftables), what
+/// NFS needs (nfsd, its RDMA transport).
+pub const MODULES: &str = "modules";
+pub const MODULES_STORAGE: &str = "modules-storage";
+pub const MODULES_NET: &str = "modules-net";
+pub const MODULES_NFS: &str = "modules-nfs";
 
 /// Gives each service that is not ready at once its start timeout (the recipe's, or its
 /// override), and swaps in a program that never finishes for services a development recipe
@@ -72,7 +95,7 @@ pub(super) fn apply_liveness(services: &mut [Service], liveness: &Liveness, hang
     }
 }
 
-pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> {
+pub(super) fn services(module_sets: &[&str], network: bool, storage: bool, nfs: bool) -> Vec<Service> {
     let oneshot = RestartPolicy {
         when: Restart::OnFailure,
         backoff_initial_ms: 1000,
@@ -99,20 +122,24 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
             working_directory: None,
         });
     };
-    // Modules load in a supervised oneshot, not in PID 1 itself: a hung modprobe then shows up
-    // as a service that does not become ready, instead of a box that does not boot.
-    let load_modules = vec![NASINIT.to_string(), agents::NASINIT_LOAD_MODULES.to_string()];
+    // Modules load in supervised oneshots, not in PID 1 itself: a hung modprobe then shows up
+    // as a service that does not become ready, instead of a box that does not boot. The sets
+    // load side by side; each consumer waits for the base set and its own.
     let modules_policy = RestartPolicy { start_limit: 3, ..oneshot.clone() };
     // udev names devices the way libzfs waits for them (a pool's partitions), and loads drivers
     // for what it finds. systemd-udevd speaks sd_notify.
     add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[]);
-    add("modules", load_modules, Readiness::Exited, &modules_policy, None, &["udev"]);
+    for set in module_sets {
+        let load = vec![NASINIT.to_string(), agents::NASINIT_LOAD_MODULES.to_string(), set.to_string()];
+        add(set, load, Readiness::Exited, &modules_policy, None, &["udev"]);
+    }
     if network {
         // The plan's ruleset, as one nft transaction, before any link is up or anything listens:
         // if it cannot be loaded, the links stay down (the box fails closed, and says why).
         let load = vec![paths::NFT.to_string(), "-f".to_string(), paths::FIREWALL_RULES.to_string()];
-        add("firewall", load, Readiness::Exited, &oneshot, None, &["modules"]);
-        add("fabric", agents::FABRIC.command("up"), Readiness::Exited, &oneshot, None, &["modules", "firewall"]);
+        add("firewall", load, Readiness::Exited, &oneshot, None, &[MODULES, MODULES_NET]);
+        let after = [MODULES, MODULES_NET, "firewall"];
+        add("fabric", agents::FABRIC.command("up"), Readiness::Exited, &oneshot, None, &after);
     }
     if storage {
         add(
@@ -121,7 +148,7 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
             Readiness::Exited,
             &oneshot,
             Some(agents::STORAGE.command("export")),
-            &["modules"],
+            &[MODULES, MODULES_STORAGE],
         );
         // ZFS's event daemon: it marks a pulled drive REMOVED from the hot-plug event itself
         // (without it ZFS notices only at the next I/O to that drive), swaps in a hot spare for a
@@ -129,7 +156,8 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
         add("zed", vec![ZED.to_string(), "-F".into()], Readiness::Started, &daemon, None, &["storage"]);
     }
     if nfs {
-        add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &["storage", "fabric"]);
+        let after = [MODULES, MODULES_NFS, "storage", "fabric"];
+        add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &after);
     }
     add(
         "health",
@@ -137,7 +165,7 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
         Readiness::Notify,
         &daemon,
         None,
-        &["modules", "firewall", "storage", "zed", "nfs"],
+        &[MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS, "firewall", "storage", "zed", "nfs"],
     );
     let never = RestartPolicy { when: Restart::Never, ..oneshot.clone() };
     // Ready once it runs: a version on trial is watched for the recipe's time after the box is
@@ -148,7 +176,7 @@ pub(super) fn services(network: bool, storage: bool, nfs: bool) -> Vec<Service> 
         Readiness::Started,
         &never,
         None,
-        &["fabric", "storage", "nfs", "health"],
+        &[MODULES, "fabric", "storage", "nfs", "health"],
     );
     out
 }

@@ -44,10 +44,14 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load the plan's kernel modules with their options and wait for udev to name the bays
-    /// (the `modules` service runs this).
+    /// Load one of the plan's module sets with the modules' options (and, for the set holding
+    /// the drives' driver, wait for udev to name the bays); the set's service runs this.
     #[command(name = agents::NASINIT_LOAD_MODULES)]
-    LoadModules,
+    LoadModules {
+        /// The set, by the service that loads it (`modules`, `modules-storage`, ...).
+        #[arg(default_value = "modules")]
+        set: String,
+    },
     /// Wait for udev to name the bays and their partitions (after a pool was created and its
     /// disks partitioned).
     #[command(name = agents::NASINIT_WAIT_BAYS)]
@@ -75,7 +79,7 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     match args.command {
-        Some(Command::LoadModules) => load_modules(&args.plan),
+        Some(Command::LoadModules { set }) => load_modules(&args.plan, &set),
         Some(Command::Console { device, getty }) => {
             let e = nasos_init::firstboot::console(&device, &getty);
             eprintln!("nasinit console: cannot run {}: {e}", getty.join(" "));
@@ -245,9 +249,10 @@ fn supervise(args: Args, t0: Instant) -> ExitCode {
     }
 }
 
-/// Loads the plan's modules, each with its options, in order, then links the bays. Every
-/// module is tried; the exit status says whether all loaded. Empty bays are not an error.
-fn load_modules(plan: &std::path::Path) -> ExitCode {
+/// Loads the plan's module set `set`, each module with its options, in order; the set holding
+/// the drives' driver then waits for udev to name the bays. Every module is tried; the exit
+/// status says whether all loaded. Empty bays are not an error.
+fn load_modules(plan: &std::path::Path, set: &str) -> ExitCode {
     let plan = match read_plan(plan) {
         Ok(p) => p,
         Err(e) => {
@@ -255,12 +260,20 @@ fn load_modules(plan: &std::path::Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let Some(set) = plan.kernel.module_sets.iter().find(|s| s.service == set) else {
+        let known: Vec<&str> = plan.kernel.module_sets.iter().map(|s| s.service.as_str()).collect();
+        eprintln!("the plan has no module set {set} (it has: {})", known.join(" "));
+        return ExitCode::from(2);
+    };
     let mut failed = Vec::new();
-    for m in &plan.kernel.modules {
+    for m in &set.modules {
         let options = plan.kernel.module_options.get(m).into_iter().flatten().map(|(k, v)| format!("{k}={v}"));
         // A module's init can hang on broken hardware; the deadline turns that into a named
         // failure of this service instead of a boot that never becomes ready.
-        let modprobe = Tool::new("/usr/sbin/modprobe").arg(m).args(options).timeout(Duration::from_secs(60));
+        let modprobe = Tool::new("/usr/bin/nice")
+            .args(["-n", &set.nice.to_string(), "/usr/sbin/modprobe", m])
+            .args(options)
+            .timeout(Duration::from_secs(60));
         let t = Instant::now();
         match modprobe.run() {
             Ok(_) => println!("loaded {m} in {} ms", t.elapsed().as_millis()),
@@ -270,21 +283,31 @@ fn load_modules(plan: &std::path::Path) -> ExitCode {
             }
         }
     }
-    // The drivers are loaded: let udev see every device (its rules name the bays).
-    if let Err(e) =
-        Tool::new("/usr/bin/udevadm").args(["trigger", "--action=add"]).timeout(Duration::from_secs(40)).run()
-    {
-        println!("{e}");
+    if set.bays {
+        if set.replay_drives {
+            // The initramfs loaded the drives' driver before udevd ran: replay only the drives'
+            // add events (their rules name the bays), not a coldplug of every device.
+            let t = Instant::now();
+            let replay = Tool::new("/usr/bin/udevadm")
+                .args(["trigger", "--action=add", "--subsystem-match=block", "--sysname-match=nvme*"])
+                .timeout(Duration::from_secs(40));
+            match replay.run() {
+                Ok(_) => println!("replayed the drives' add events in {} ms", t.elapsed().as_millis()),
+                Err(e) => println!("{e}"),
+            }
+        }
+        let t = Instant::now();
+        let linked = early::wait_for_bays(&plan.bays, Duration::from_secs(10));
+        let missing: Vec<&str> =
+            plan.bays.iter().map(|b| b.name.as_str()).filter(|b| !linked.iter().any(|l| l == b)).collect();
+        println!(
+            "{} of {} bays present after {} ms{}",
+            linked.len(),
+            plan.bays.len(),
+            t.elapsed().as_millis(),
+            if missing.is_empty() { String::new() } else { format!("; empty: {}", missing.join(" ")) }
+        );
     }
-    let linked = early::wait_for_bays(&plan.bays, Duration::from_secs(10));
-    let missing: Vec<&str> =
-        plan.bays.iter().map(|b| b.name.as_str()).filter(|b| !linked.iter().any(|l| l == b)).collect();
-    println!(
-        "{} of {} bays present{}",
-        linked.len(),
-        plan.bays.len(),
-        if missing.is_empty() { String::new() } else { format!("; empty: {}", missing.join(" ")) }
-    );
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -1,0 +1,60 @@
+//! The module sets each shipped recipe gets: storage waits for its drives' driver and zfs, not
+//! for nfsd or the NIC's; the sets off the storage path yield the CPU; a box that boots from
+//! NVMe replays the drives' events (their driver loaded before udevd ran).
+
+use std::path::Path;
+
+use nasos_board::load_recipe_file;
+
+fn plan(recipe: &str) -> nasos_board::Plan {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes").join(recipe);
+    load_recipe_file(&path).unwrap_or_else(|e| panic!("{recipe}: {e:?}")).plan()
+}
+
+fn sets(p: &nasos_board::Plan) -> Vec<String> {
+    p.kernel
+        .module_sets
+        .iter()
+        .map(|s| {
+            format!("{}: {} bays={} replay={} nice={}", s.service, s.modules.join(" "), s.bays, s.replay_drives, s.nice)
+        })
+        .collect()
+}
+
+fn after<'a>(p: &'a nasos_board::Plan, service: &str) -> &'a [String] {
+    &p.services.iter().find(|s| s.name == service).unwrap_or_else(|| panic!("no service {service}")).after
+}
+
+#[test]
+fn storage_starts_once_its_own_drivers_are_in() {
+    let p = plan("qemu-dev.toml");
+    assert_eq!(
+        sets(&p),
+        [
+            "modules: virtio_net virtio_pci i6300esb vfat bays=false replay=false nice=0",
+            "modules-storage: nvme zfs bays=true replay=false nice=0",
+            "modules-net: rdma_rxe ib_uverbs rdma_ucm nf_tables nft_ct bays=false replay=false nice=10",
+            "modules-nfs: nfsd rpcrdma bays=false replay=false nice=10",
+        ]
+    );
+    assert_eq!(after(&p, "storage"), ["modules", "modules-storage"]);
+    assert_eq!(after(&p, "fabric"), ["modules", "modules-net", "firewall"]);
+    assert_eq!(after(&p, "nfs"), ["modules", "modules-nfs", "storage", "fabric"]);
+    // Every module the image keeps is in exactly one set.
+    let flat: Vec<&String> = p.kernel.module_sets.iter().flat_map(|s| &s.modules).collect();
+    assert_eq!(flat, p.kernel.modules.iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn a_box_booting_from_nvme_replays_its_drives_events() {
+    let p = plan("ts-h1290fx.toml");
+    let storage = p.kernel.module_sets.iter().find(|s| s.service == "modules-storage").expect("storage set");
+    assert!(storage.bays && storage.replay_drives, "{:?}", sets(&p));
+}
+
+#[test]
+fn a_box_without_pools_waits_for_no_bays() {
+    let p = plan("qemu-client.toml");
+    assert!(p.kernel.module_sets.iter().all(|s| !s.bays), "{:?}", sets(&p));
+    assert!(p.services.iter().all(|s| s.name != "modules-storage"));
+}
