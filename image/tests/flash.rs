@@ -1,6 +1,8 @@
 //! `nasos flash` on loop devices: it writes and verifies a whole disk, and it refuses a regular
-//! file, a disk with a mounted filesystem, and the disk the running system is on — before
-//! writing a byte. Needs root (losetup, mount), as the end-to-end tests do.
+//! file, a disk with a mounted filesystem, the disk the running system is on, a swap area, and a
+//! ZFS pool member — before writing a byte (what device-mapper or md holds is refused from
+//! sysfs: a unit test, as this machine's kernel has no device-mapper). Needs root (losetup,
+//! mount), as the end-to-end tests do.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -106,4 +108,36 @@ fn root_disk() -> PathBuf {
     let dev = Path::new("/dev").join(&name);
     assert!(dev.exists(), "/dev/{name} missing");
     dev
+}
+
+/// Runs `nasos flash --yes` onto `l` and expects a refusal that says `says`, with the disk's
+/// bytes as they were; returns what nasos said.
+fn refused_untouched(l: &Loop, says: &str) -> String {
+    let img = image(&format!("member-{}", l.dev.replace('/', "-")), 1);
+    let before = std::fs::read(&l.file).expect("read");
+    let out = nasos(&["flash", img.to_str().expect("utf8"), &l.dev, "--yes"]);
+    let _ = std::fs::remove_file(&img);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains(says), "{}", text(&out));
+    assert!(std::fs::read(&l.file).expect("read") == before, "the refused disk was written");
+    text(&out)
+}
+
+#[test]
+fn refuses_a_swap_area_and_a_pool_member_even_when_nothing_uses_them() {
+    let swap = Loop::new("swap", 16);
+    assert!(Command::new("mkswap").arg(&swap.dev).output().expect("mkswap").status.success());
+    refused_untouched(&swap, "is a swap area, per blkid");
+    // The two front labels of a real vdev (partition 1 of a bay of a pool `tank` the appliance
+    // made), as blkid finds them on an exported pool's disk.
+    let member = Loop::new("zfs", 64);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zfs-member-labels.bin.gz");
+    let labels = Command::new("gzip").arg("-dc").arg(&fixture).output().expect("gzip");
+    assert!(labels.status.success() && labels.stdout.len() == 512 << 10, "fixture");
+    let mut f = std::fs::OpenOptions::new().write(true).open(&member.dev).expect("open");
+    std::io::Write::write_all(&mut f, &labels.stdout).expect("labels");
+    f.sync_all().expect("sync");
+    drop(f);
+    let said = refused_untouched(&member, "is a ZFS pool member (label tank), per blkid");
+    assert!(said.contains(&format!("zpool labelclear -f {}", member.dev)), "how to clear it: {said}");
 }
