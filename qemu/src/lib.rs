@@ -160,6 +160,8 @@ pub struct Vm {
     seen: Vec<String>,
     /// Whether the console shell has been set up for programs (no echo, no prompt).
     quiet: bool,
+    /// Where in `seen` the current boot's console begins (the last [`Vm::expect_new_shell`]).
+    shell_from: usize,
 }
 
 impl Vm {
@@ -261,6 +263,7 @@ impl Vm {
             transcript: transcript.to_path_buf(),
             seen: Vec::new(),
             quiet: false,
+            shell_from: 0,
         })
     }
 
@@ -359,6 +362,18 @@ impl Vm {
     /// After a reboot the console has a fresh login shell, which `run` must set up again.
     pub fn expect_new_shell(&mut self) {
         self.quiet = false;
+        self.shell_from = self.seen.len();
+    }
+
+    /// Waits for the console's automatic root login of this boot, or returns at once if it was
+    /// already printed (the console logs in long before the appliance is ready, so waiting for
+    /// the line after `ready` would wait out the whole timeout).
+    pub fn wait_for_login(&mut self, timeout: Duration) -> anyhow::Result<String> {
+        const LOGIN: &str = "login: root (automatic login)";
+        if let Some(l) = self.seen[self.shell_from.min(self.seen.len())..].iter().find(|l| l.contains(LOGIN)) {
+            return Ok(l.clone());
+        }
+        self.wait_for(LOGIN, timeout)
     }
 
     /// Connects to QMP and completes the capabilities handshake (10 s read timeout).

@@ -125,7 +125,7 @@ fn boot_ready() {
     let secs: f64 =
         ready.rsplit("ready in ").next().and_then(|s| s.trim().trim_end_matches('s').parse().ok()).expect("seconds");
     assert!(secs > 0.0);
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    vm.wait_for_login(Duration::from_secs(60)).ok();
     DEV.set(vm);
 }
 
@@ -198,7 +198,7 @@ fn kernel_panic() {
         let said = vm.wait_for("nasinit: state on ", Duration::from_secs(60)).expect("the state partition");
         assert!(said.contains("the last boot ended: kernel panic"), "{said}");
         vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
-        vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        vm.wait_for_login(Duration::from_secs(60)).ok();
         let kept = ok(vm, "cat /var/lib/nasos/boots/*/pstore/* 2>/dev/null | grep -c 'sysrq' || true");
         assert!(kept.trim().parse::<u32>().unwrap_or(0) > 0, "the panic's log was not kept: {kept}");
     });
@@ -271,7 +271,7 @@ fn watchdog_reset_and_back(vm: &mut Vm, mut events: nasos_qemu::QmpEvents, since
     let said = vm.wait_for("nasinit: the last boot ended: ", Duration::from_secs(300)).expect("the next boot says why");
     assert!(said.contains(why), "{said}");
     vm.wait_for("nasinit: ready in ", Duration::from_secs(400)).expect("ready again");
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    vm.wait_for_login(Duration::from_secs(60)).ok();
     after
 }
 
@@ -307,7 +307,7 @@ fn foreign_bay() {
         assert!(st.success());
     });
     vm.wait_for("nasinit: started", Duration::from_secs(240)).expect("nasinit starts");
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(240)).ok();
+    vm.wait_for_login(Duration::from_secs(240)).ok();
     let deadline = Instant::now() + Duration::from_secs(300);
     let refusal = loop {
         let (log, _) = vm.run("nasctl logs storage", Duration::from_secs(60)).expect("storage log");
@@ -357,7 +357,7 @@ fn foreign_state() {
     let refused = vm.wait_for("nasinit: state partition: ", Duration::from_secs(60)).expect("the refusal");
     assert!(refused.contains("holds a ext4 signature labelled oldbox-state"), "{refused}");
     assert!(refused.contains("never formats what it did not make"), "{refused}");
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(240)).ok();
+    vm.wait_for_login(Duration::from_secs(240)).ok();
     let status = status_json(&mut vm);
     assert!(status["state_partition"].as_str().is_some_and(|s| s.starts_with("none: ")), "{status}");
     let label = ok(&mut vm, "blkid -p -o value -s LABEL /dev/vda4");

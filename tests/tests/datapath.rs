@@ -291,7 +291,7 @@ fn reboot() {
         nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
         nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready again after reboot");
         eprintln!("reboot to ready: {:.1}s", t.elapsed().as_secs_f64());
-        nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        nas.wait_for_login(Duration::from_secs(60)).ok();
         eprintln!("{}", ok(nas, "nasctl timeline"));
         let log = ok(nas, "nasctl logs storage");
         assert!(log.contains("tank: imported from its bays"), "{log}");
@@ -345,7 +345,7 @@ fn power_cut() {
         nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts after the power cut");
         nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready after the power cut");
         eprintln!("power cut to ready: {:.1}s", t.elapsed().as_secs_f64());
-        nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        nas.wait_for_login(Duration::from_secs(60)).ok();
         let log = ok(nas, "nasctl logs storage");
         assert!(log.contains("tank: imported from its bays"), "{log}");
         for (name, sum) in &written {
@@ -427,7 +427,7 @@ fn ctrl_alt_del() {
         nas.expect_new_shell();
         nas.wait_for("nasinit: reboot requested: stopping services", Duration::from_secs(60)).expect("an orderly reboot");
         nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready after Ctrl-Alt-Del");
-        nas.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        nas.wait_for_login(Duration::from_secs(60)).ok();
         let st = status(nas);
         assert_eq!(st["last_boot"], "clean reboot", "{st}");
     });

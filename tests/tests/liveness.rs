@@ -63,7 +63,7 @@ fn stays_up() {
             "{why}"
         );
         assert!(vm.wait_for("nasinit: started", Duration::from_secs(30)).is_err(), "it rebooted again");
-        vm.wait_for("login: root (automatic login)", Duration::from_secs(30)).ok();
+        vm.wait_for_login(Duration::from_secs(30)).ok();
         let status = ok(vm, "nasctl status --json");
         let status: serde_json::Value = serde_json::from_str(&status[status.find('{').expect("JSON")..]).expect("JSON");
         assert_ne!(status["state"], "ready", "{status}");

@@ -114,7 +114,7 @@ fn boot_v1() {
     let link = Link { port: "roce0".into(), socket: dir().join("net.sock"), listen: true };
     let mut vm = nasos_tests::boot(&dir(), &BUILT.with(|b| b.v1.join("disk.qcow2")), "upgrade", 2048, link, |_| {});
     vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("v1 ready");
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    vm.wait_for_login(Duration::from_secs(60)).ok();
     let status = poll(&mut vm, "nasctl upgrade status", "blessed", Duration::from_secs(120));
     assert!(status.contains("0.1.0"), "{status}");
     assert!(status.lines().any(|l| l.starts_with("a ") && l.contains("running") && l.contains("blessed")), "{status}");
@@ -299,7 +299,7 @@ fn check_running(vm: &mut Vm, version: &str, slot: &str, machine_id: &str) {
     vm.expect_new_shell();
     vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("the new version starts");
     vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("the new version is ready");
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    vm.wait_for_login(Duration::from_secs(60)).ok();
     let s = ok(vm, "nasctl status");
     assert!(s.contains(&format!("qemu-dev {version} on nasos-dev")), "{s}");
     assert!(s.contains("last boot ended: clean reboot"), "{s}");
@@ -413,7 +413,7 @@ fn rollback() {
         }
         vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("0.3.0 starts again");
         vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("0.3.0 is ready again");
-        vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+        vm.wait_for_login(Duration::from_secs(60)).ok();
         let s = ok(vm, "nasctl status");
         assert!(s.contains("qemu-dev 0.3.0 on nasos-dev"), "{s}");
         let status = poll(vm, "nasctl upgrade status", "rolled-back", Duration::from_secs(120));

@@ -28,7 +28,7 @@ fn up(dir: &Path, tag: &str) -> (Vm, Result<String, String>) {
     if let Err(e) = ready {
         return (vm, Err(format!("not ready: {e}")));
     }
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    vm.wait_for_login(Duration::from_secs(60)).ok();
     let s = ok(&mut vm, "nasctl status");
     let v = s.split_whitespace().nth(1).unwrap_or("?").to_string();
     (vm, Ok(v))
@@ -71,7 +71,7 @@ fn main() {
     eprintln!("nasos-upgrade-faults: making the v1 box");
     let mut vm = nasos_tests::boot(&dir, &v1.join("disk.qcow2"), "golden", MEMORY, link(&dir), |_| {});
     vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("v1 ready");
-    vm.wait_for("login: root (automatic login)", Duration::from_secs(60)).ok();
+    vm.wait_for_login(Duration::from_secs(60)).ok();
     poll(&mut vm, "nasctl upgrade status", "running  blessed", Duration::from_secs(120));
     vm.run("nasctl poweroff", Duration::from_secs(60)).ok();
     vm.wait_exit(Duration::from_secs(180)).expect("poweroff");
