@@ -93,6 +93,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         if !again.exists() {
             std::fs::hard_link(&tar, &again).or_else(|_| std::fs::copy(&tar, &again).map(|_| ()))?;
             std::fs::copy(&resolved_path, again.with_extension("lock"))?;
+            crate::stage::record_cache_entry(&locked_key, &[&again, &again.with_extension("lock")])?;
         }
     }
 
@@ -124,7 +125,10 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         k.file(src)?;
     }
     if let Some(d) = &zfs_dir {
-        k.str(&d.display().to_string());
+        // The modules' bytes, not their directory: a rebuilt module makes a new root.
+        for m in zfs::modules_in(d) {
+            k.str(&m).file(&d.join(&m))?;
+        }
     }
     stages.run("root", &k, &[&root_img, &initrd, &vmlinuz, &verity_file], || {
         let tree = opts.out.join("tree");

@@ -12,6 +12,7 @@ pub mod lock;
 pub mod progress;
 pub mod root;
 pub mod rootfs;
+pub mod sbom;
 pub mod stage;
 pub mod uki;
 pub mod vm;

@@ -36,6 +36,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print what the image is made of, as SPDX 2.3 JSON: every package the recipe's lock pins,
+    /// the ZFS module, nasos's own crates. Made from the lock (`nasos build` writes it).
+    Sbom {
+        /// The recipe, e.g. recipes/qemu-dev.toml.
+        recipe: PathBuf,
+        /// Write the document to this file instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Build the image: a verified A/B disk (raw and qcow2) in build/<image name>/ (or --out).
     Build {
         /// The recipe, e.g. recipes/qemu-dev.toml.
@@ -182,6 +191,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 writeln!(out)?;
             } else {
                 write!(out, "{plan}")?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sbom { recipe, out } => {
+            let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
+            let plan = loaded.plan();
+            let lock_path = nasos_image::lock::path_for(&recipe);
+            let lock = nasos_image::lock::Lock::read(&lock_path)?.with_context(|| {
+                format!(
+                    "{} does not exist: the SBOM lists what the lock pins; `nasos build {}` writes it",
+                    lock_path.display(),
+                    recipe.display()
+                )
+            })?;
+            let doc =
+                nasos_image::sbom::document(&plan.image.name, &plan.image.version, &lock, env!("CARGO_PKG_VERSION"))?;
+            let text = serde_json::to_string_pretty(&doc)? + "\n";
+            match out {
+                Some(path) => {
+                    nasos_image::stage::write_atomic(&path, text.as_bytes())?;
+                    eprintln!("nasos: wrote {} ({} packages)", path.display(), lock.packages.len());
+                }
+                None => std::io::stdout().lock().write_all(text.as_bytes())?,
             }
             Ok(ExitCode::SUCCESS)
         }

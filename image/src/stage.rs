@@ -1,7 +1,9 @@
 //! Stages of a build, cached by content: each stage's key is a hash of everything it reads, and
-//! a stage whose key matches the one recorded with its outputs does nothing. Outputs are written
-//! under a temporary name and renamed, so a failed or interrupted stage leaves the previous
-//! output intact.
+//! a stage whose key matches the one recorded with its outputs does nothing — once its outputs
+//! are checked against the sha256 recorded when they were made: a cached file that was changed
+//! since (a flipped bit, a hand edit, a tampered cache) is rebuilt, with a line saying so.
+//! Outputs are written under a temporary name and renamed, so a failed or interrupted stage
+//! leaves the previous output intact.
 
 use std::fmt::Write as _;
 use std::io::Read;
@@ -120,18 +122,42 @@ impl Stages {
         work: impl FnOnce() -> anyhow::Result<String>,
     ) -> anyhow::Result<bool> {
         let stamp = self.dir.join(stage);
+        // A keyed output lives in the shared cache: its record sits beside it, for every build.
+        let record = match outputs.first() {
+            Some(first) if keyed => record_beside(first),
+            _ => stamp,
+        };
         let key = key.hex();
         let t = Instant::now();
-        let recorded = keyed || std::fs::read_to_string(&stamp).is_ok_and(|k| k.trim() == key);
-        let fresh = !self.force && recorded && outputs.iter().all(|o| o.exists());
-        self.finish(stage, &stamp, &key, t, fresh, work)
+        let fresh = !self.force
+            && match std::fs::read_to_string(&record) {
+                Ok(text) => match check(&text, &key, outputs) {
+                    Check::Fresh => true,
+                    Check::Stale => false,
+                    Check::Changed(why) => {
+                        eprintln!("nasos: {stage:<10} {why}; rebuilding");
+                        false
+                    }
+                },
+                // No record: a stage never run (nothing to say), or a cache entry made before
+                // records were kept, which cannot be checked.
+                Err(_) => {
+                    if keyed && !outputs.is_empty() && outputs.iter().all(|o| o.exists()) {
+                        eprintln!("nasos: {stage:<10} cached output has no record of its hashes; rebuilding");
+                    }
+                    false
+                }
+            };
+        self.finish(stage, &record, &key, outputs, t, fresh, work)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
         stage: &'static str,
         stamp: &Path,
         key: &str,
+        outputs: &[&Path],
         t: Instant,
         fresh: bool,
         work: impl FnOnce() -> anyhow::Result<String>,
@@ -151,7 +177,7 @@ impl Stages {
                 return Err(e);
             }
         };
-        write_atomic(stamp, key.as_bytes())?;
+        write_atomic(stamp, record_text(key, outputs)?.as_bytes())?;
         let took = t.elapsed();
         crate::progress::finish(&format!(
             "nasos: {stage:<10} done in {:.1}s{}",
@@ -173,6 +199,68 @@ impl Stages {
         let _ = writeln!(out, "{:<10} {:>7.1}s", "total", total.as_secs_f64());
         out
     }
+}
+
+/// What a stage's record says about its outputs now.
+#[derive(Debug, PartialEq)]
+enum Check {
+    /// The key is the recorded one and every output has its recorded sha256.
+    Fresh,
+    /// Another key, or an output missing: the stage has work to do (nothing to report).
+    Stale,
+    /// An output is not what the stage made: why, naming it.
+    Changed(String),
+}
+
+/// A stage's record: its key, then `sha256  path` for each output.
+fn record_text(key: &str, outputs: &[&Path]) -> anyhow::Result<String> {
+    let mut out = format!("{key}\n");
+    for o in outputs {
+        let _ = writeln!(out, "{}  {}", sha256_file(o)?, o.display());
+    }
+    Ok(out)
+}
+
+/// Checks `outputs` against a record made by [`record_text`] (line by line, in order: a cache
+/// entry may be linked under another name, with its own record).
+fn check(record: &str, key: &str, outputs: &[&Path]) -> Check {
+    let mut lines = record.lines();
+    if lines.next().map(str::trim) != Some(key) || !outputs.iter().all(|o| o.exists()) {
+        return Check::Stale;
+    }
+    let recorded: Vec<&str> = lines.filter_map(|l| l.split_once("  ").map(|(h, _)| h)).collect();
+    for (i, o) in outputs.iter().enumerate() {
+        let path = o.display();
+        let Some(want) = recorded.get(i) else {
+            return Check::Changed(format!("cached output {path} has no recorded hash"));
+        };
+        match sha256_file(o) {
+            Ok(got) if got == *want => {}
+            Ok(got) => {
+                return Check::Changed(format!(
+                    "cached output {path} does not match the sha256 recorded when it was made ({} ≠ {})",
+                    &got[..16],
+                    &want[..want.len().min(16)]
+                ));
+            }
+            Err(e) => return Check::Changed(format!("cached output {path} cannot be read ({e:#})")),
+        }
+    }
+    Check::Fresh
+}
+
+/// Records the hashes of a shared cache entry made outside a stage (a linked copy under
+/// another key), so it is checked like one a stage made.
+pub fn record_cache_entry(key: &Key, outputs: &[&Path]) -> anyhow::Result<()> {
+    let first = outputs.first().context("a cache entry has outputs")?;
+    write_atomic(&record_beside(first), record_text(&key.hex(), outputs)?.as_bytes())
+}
+
+/// Where the record of a shared cache entry is kept: `NAME.record` beside it.
+fn record_beside(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".record");
+    path.with_file_name(name)
 }
 
 /// Writes a file by writing a temporary sibling and renaming it over the target.
@@ -228,6 +316,57 @@ mod tests {
         assert!(st.run("x", &other, &[&out], || anyhow::bail!("boom")).is_err());
         // After a failure the stage is not considered done, even for the old key.
         assert!(st.run("x", &key, &[&out], || Ok(String::new())).expect("rerun"));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_changed_output_is_rebuilt_for_build_stages_and_shared_cache_entries() {
+        let dir = std::env::temp_dir().join(format!("nasos-stage-tamper-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut st = Stages::new(&dir).expect("stages");
+        for keyed in [false, true] {
+            let out = dir.join(format!("out-{keyed}"));
+            let key = Key::new("k");
+            let mut runs = 0;
+            let mut go = |st: &mut Stages| {
+                let work = || {
+                    runs += 1;
+                    std::fs::write(&out, "made by the stage")?;
+                    Ok(String::new())
+                };
+                if keyed { st.run_keyed("x", &key, &[&out], work) } else { st.run("y", &key, &[&out], work) }
+                    .expect("stage")
+            };
+            assert!(go(&mut st), "first run");
+            assert!(!go(&mut st), "fresh with its recorded hash");
+            std::fs::write(&out, "made by the stage, then changed").expect("tamper");
+            assert!(go(&mut st), "a changed output is rebuilt");
+            assert_eq!(std::fs::read_to_string(&out).expect("out"), "made by the stage");
+            assert!(!go(&mut st), "fresh again");
+            assert_eq!(runs, 2, "keyed={keyed}");
+        }
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_check_names_the_changed_output() {
+        let dir = std::env::temp_dir().join(format!("nasos-stage-check-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, "a").expect("a");
+        std::fs::write(&b, "b").expect("b");
+        let record = record_text("key", &[&a, &b]).expect("record");
+        assert_eq!(check(&record, "key", &[&a, &b]), Check::Fresh);
+        assert_eq!(check(&record, "other", &[&a, &b]), Check::Stale);
+        std::fs::write(&b, "B").expect("tamper");
+        assert!(
+            matches!(check(&record, "key", &[&a, &b]), Check::Changed(w) if w.contains(&b.display().to_string())),
+            "the changed output is named"
+        );
+        std::fs::remove_file(&b).expect("rm");
+        assert_eq!(check(&record, "key", &[&a, &b]), Check::Stale);
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -100,6 +100,16 @@ pub fn dev_bundle(version: &str, extra: &str) -> PathBuf {
     out
 }
 
+/// nasos's cache directory, resolved as `nasos build` does: `$NASOS_CACHE`, else
+/// `$XDG_CACHE_HOME/nasos`, else `~/.cache/nasos`.
+pub fn nasos_cache() -> PathBuf {
+    std::env::var_os("NASOS_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("nasos")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/nasos")))
+        .expect("a cache directory: set NASOS_CACHE")
+}
+
 /// A throwaway qcow2 overlay over a built disk, so boots never change the build output.
 pub fn overlay(base: &Path, at: &Path) -> PathBuf {
     let _ = std::fs::remove_file(at);

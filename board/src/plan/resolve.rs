@@ -65,6 +65,10 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     sets.push(MODULES, &b.watchdog.driver);
     // The ESP is FAT: blessing a boot entry renames a file on it.
     sets.push(MODULES, "vfat");
+    // The USB host controller is there from power-on, and with no coldplug of every device
+    // nothing else would bind it: a stick plugged in later (an upgrade bundle) needs it, and
+    // udev loads the stick's own drivers when it appears.
+    sets.push(MODULES, "xhci_pci");
     for m in &r.kernel.modules {
         sets.push(MODULES, m);
     }
