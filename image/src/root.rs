@@ -175,7 +175,9 @@ const ALWAYS_MODULES: &[&str] = &[
     "efi_pstore",
     // systemd-boot's variables (which entry booted, its tries) for blessing.
     "efivarfs",
-    // A USB stick carrying an upgrade bundle (udev loads them when one is plugged in).
+    // A USB stick carrying an upgrade bundle: the controller's driver is loaded at boot (the
+    // plan's base module set; nothing replays the devices present from power-on), udev loads
+    // the stick's when one is plugged in.
     "xhci_pci",
     "usb_storage",
     "uas",

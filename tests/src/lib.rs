@@ -100,6 +100,12 @@ pub fn dev_bundle(version: &str, extra: &str) -> PathBuf {
     out
 }
 
+/// The sha256 of a file, as hex (`sha256sum`; empty if it cannot be read).
+pub fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
+}
+
 /// nasos's cache directory, resolved as `nasos build` does: `$NASOS_CACHE`, else
 /// `$XDG_CACHE_HOME/nasos`, else `~/.cache/nasos`.
 pub fn nasos_cache() -> PathBuf {

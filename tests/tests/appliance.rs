@@ -1,8 +1,9 @@
 //! The bootable appliance, end to end, one check per capability over one built image: build it
 //! (and the product image); a no-op rebuild does no stage work, and a byte changed in a cached
 //! output is noticed and rebuilt into the same image, bit for bit; boot it through OVMF and
-//! systemd-boot to nasinit's ready line, inspect it with nasctl, power it off; a bay holding a foreign filesystem is refused untouched; a tampered root
-//! is refused; an export change redoes only the stages after the plan.
+//! systemd-boot to nasinit's ready line, inspect it with nasctl, power it off; a bay holding a
+//! foreign filesystem is refused untouched; a tampered root is refused; an export change redoes
+//! only the stages after the plan.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nasos_qemu::{Link, Vm};
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{build_binaries, nasos, ok, overlay, poll_until, repo};
+use nasos_tests::{build_binaries, nasos, ok, overlay, poll_until, repo, sha256};
 
 /// The built qemu-dev image's output directory.
 static IMAGE: Shared<PathBuf> = Shared::new("build::qemu_dev_image");
@@ -19,11 +20,6 @@ static DEV: Shared<Vm> = Shared::new("boot::reaches_ready_through_the_verified_r
 
 fn dir() -> PathBuf {
     repo().join("build/e2e")
-}
-
-fn sha256(p: &Path) -> String {
-    let out = Command::new("sha256sum").arg(p).output().expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
 }
 
 fn boot(disk: &Path, tag: &str) -> Vm {

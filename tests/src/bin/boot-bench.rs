@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nasos_qemu::{Link, Vm};
-use nasos_tests::{build_binaries, nasos, nasos_cache, ok, repo};
+use nasos_tests::{build_binaries, nasos, nasos_cache, ok, repo, sha256};
 
 const MEMORY: u32 = 2048;
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
@@ -101,11 +101,6 @@ const GUEST: &[(&str, &str)] = &[
 fn sh(cmd: &mut Command, what: &str) {
     let st = cmd.status().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(st.success(), "{what} failed ({st})");
-}
-
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum").arg(path).output().expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_string()
 }
 
 /// The kernel release the appliance's lock names (`linux-image-<release>`).
