@@ -40,6 +40,9 @@ pub struct Loaded {
     pub board: Board,
     /// The trusted upgrade keys, read from the files the recipe names.
     pub keys: Vec<plan::TrustedKeyPlan>,
+    /// The peers' public keys (in `[[peers]]` order) and the development identity, read beside
+    /// the recipe.
+    pub replication_keys: (Vec<String>, Option<String>),
     /// Warnings only (a report with errors is returned as `Err`).
     pub report: Report,
 }
@@ -48,6 +51,10 @@ impl Loaded {
     pub fn plan(&self) -> Plan {
         let mut p = plan::resolve(&self.recipe, &self.board);
         p.upgrade.trusted_keys = self.keys.clone();
+        for (peer, key) in p.replication.peers.iter_mut().zip(&self.replication_keys.0) {
+            peer.key = key.clone();
+        }
+        p.replication.identity = self.replication_keys.1.clone();
         p
     }
 }
@@ -64,10 +71,9 @@ pub struct KeyFile {
 }
 
 /// Reads the key files a recipe names, relative to the recipe's directory.
-fn read_keys(recipe_file: &str, r: &Recipe) -> Vec<KeyFile> {
+fn read_keys(recipe_file: &str, names: &[String]) -> Vec<KeyFile> {
     let dir = FsPath::new(recipe_file).parent().unwrap_or(FsPath::new("."));
-    r.upgrade
-        .trusted_keys
+    names
         .iter()
         .map(|name| {
             let p = dir.join(name);
@@ -136,12 +142,16 @@ pub fn load_recipe(file: &SourceFile) -> Result<Loaded, Report> {
             return Err(finish(report));
         }
     };
-    let key_files = read_keys(&file.name, &recipe);
+    let key_files = read_keys(&file.name, &recipe.upgrade.trusted_keys);
     report.diagnostics.extend(validate::recipe(&doc, &recipe, &board));
     let (keys, diags) = validate::trusted_keys(&doc, &recipe, &key_files);
     report.diagnostics.extend(diags);
+    let peer_files = read_keys(&file.name, &recipe.peers.iter().map(|p| p.key.clone()).collect::<Vec<_>>());
+    let identity_file = read_keys(&file.name, &recipe.replication.identity.iter().cloned().collect::<Vec<_>>());
+    let (replication_keys, diags) = validate::replication_keys(&doc, &recipe, &peer_files, identity_file.first());
+    report.diagnostics.extend(diags);
     let report = finish(report);
-    if report.has_errors() { Err(report) } else { Ok(Loaded { recipe, board, keys, report }) }
+    if report.has_errors() { Err(report) } else { Ok(Loaded { recipe, board, keys, replication_keys, report }) }
 }
 
 /// The text of a built-in board, with the file name diagnostics should show.

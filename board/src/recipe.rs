@@ -35,6 +35,19 @@ pub struct Recipe {
     /// ZFS datasets inside the pools.
     #[serde(default)]
     pub datasets: Vec<Dataset>,
+    /// Snapshot policies: which datasets get automatic snapshots, how many of each kind are
+    /// kept, and how long they are held against deletion.
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotPolicy>,
+    /// Other nasos boxes this one replicates to or receives replicas from.
+    #[serde(default)]
+    pub peers: Vec<Peer>,
+    /// Datasets sent to a peer, incrementally, on a schedule.
+    #[serde(default)]
+    pub replicate: Vec<Replicate>,
+    /// This box's own replication key.
+    #[serde(default)]
+    pub replication: Replication,
     /// The kernel NFS server and its exports.
     #[serde(default)]
     pub nfs: Option<Nfs>,
@@ -395,6 +408,118 @@ pub struct Dataset {
     /// Other ZFS properties, as strings (`recordsize = "1M"`).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+}
+
+/// Automatic snapshots of one dataset, with sanoid's semantics: a snapshot of each kind is taken
+/// at the start of each of its periods (UTC: every `frequent_minutes` on the hour, the hour,
+/// midnight, Monday, the first of the month), and the newest `N` of each kind are kept. Without
+/// counts, sanoid's production template: 36 hourly, 30 daily, 3 monthly.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotPolicy {
+    /// The dataset (`tank/train`, or a pool's own root dataset `tank`).
+    pub dataset: String,
+    /// Snapshot the dataset and every dataset below it atomically, under one name.
+    #[serde(default)]
+    pub recursive: bool,
+    /// The period of frequent snapshots in minutes; it divides the hour (1, 2, 3, 4, 5, 6, 10,
+    /// 12, 15, 20, 30 or 60).
+    #[serde(default = "default_frequent_minutes")]
+    pub frequent_minutes: u32,
+    /// How many frequent snapshots to keep.
+    #[serde(default)]
+    pub frequently: u32,
+    /// How many hourly snapshots to keep.
+    #[serde(default = "default_hourly")]
+    pub hourly: u32,
+    /// How many daily snapshots to keep.
+    #[serde(default = "default_daily")]
+    pub daily: u32,
+    /// How many weekly snapshots to keep.
+    #[serde(default)]
+    pub weekly: u32,
+    /// How many monthly snapshots to keep.
+    #[serde(default = "default_monthly")]
+    pub monthly: u32,
+    /// Hold each snapshot this policy takes for this long after it was taken (`"14d"`, `"2w"`;
+    /// units s, m, h, d, w): until then neither the policy nor nasctl destroys or releases it,
+    /// and ZFS itself refuses to destroy it. Protects against mistakes and compromised clients,
+    /// not against root on the appliance.
+    #[serde(default)]
+    pub hold: Option<String>,
+}
+
+/// Another nasos box, reached over SSH (one key per box: the peer's host key when this box sends
+/// to it, and the only key that may log in when it sends here, to a forced command that can do
+/// nothing but receive into the datasets listed in `receive`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Peer {
+    /// A name for the peer (`dr`), used by `[[replicate]] to`.
+    pub name: String,
+    /// Its address, in the subnet of one of this box's links.
+    pub address: String,
+    /// Its replication key: an OpenSSH public key file next to this recipe, as `nasctl replication
+    /// key` prints it on that box.
+    pub key: String,
+    /// Datasets the peer may replicate into on this box (their names here); each is kept
+    /// read-only until `nasctl replication promote` makes it writable for a failover.
+    #[serde(default)]
+    pub receive: Vec<String>,
+}
+
+/// One dataset sent to a peer: incremental `zfs send`, resumable, raw for encrypted datasets.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Replicate {
+    /// The dataset on this box.
+    pub dataset: String,
+    /// The peer (`[[peers]] name`).
+    pub to: String,
+    /// Its name on the peer; the same name when not given.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Send every this many minutes (1–1440): a snapshot is taken for it and sent.
+    #[serde(default = "default_every_minutes")]
+    pub every_minutes: u32,
+    /// The most bytes per second a send may use (`"100M"`); unlimited when not given.
+    #[serde(default)]
+    pub bandwidth: Option<String>,
+    /// Alert when the newest snapshot both boxes hold is older than this many minutes; three
+    /// intervals and five minutes when not given.
+    #[serde(default)]
+    pub lag_alert_minutes: Option<u32>,
+}
+
+fn default_every_minutes() -> u32 {
+    15
+}
+
+/// This box's replication key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Replication {
+    /// Development images only: the secret key (an OpenSSH private key file next to this recipe)
+    /// every box of this image uses, so test recipes can name each other's keys. Without it, each
+    /// box makes its own on first boot and keeps it on the state partition.
+    #[serde(default)]
+    pub identity: Option<String>,
+}
+
+fn default_frequent_minutes() -> u32 {
+    15
+}
+
+fn default_hourly() -> u32 {
+    36
+}
+
+fn default_daily() -> u32 {
+    30
+}
+
+fn default_monthly() -> u32 {
+    3
 }
 
 /// The kernel NFS server.

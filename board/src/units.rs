@@ -1,4 +1,4 @@
-//! Sizes as people write them in recipes ("96G", "1M", "40T").
+//! Sizes and durations as people write them in recipes ("96G", "1M", "40T"; "90s", "15m", "14d").
 
 /// Parses a size with an optional binary suffix (K, M, G, T, P; an optional trailing `B` or `iB`).
 /// Returns bytes, or `None` if the text is not a size or overflows.
@@ -29,9 +29,55 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// Parses a duration: a whole number with one unit, `s`, `m` (minutes), `h`, `d` or `w`
+/// ("14d", "90s"). Returns seconds, or `None` if the text is not a duration or overflows.
+pub fn parse_duration(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let unit = match s.chars().last()? {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        'w' => 7 * 86_400,
+        _ => return None,
+    };
+    let digits = &s[..s.len() - 1];
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// Formats seconds with the largest unit that divides them exactly ("14d", "90s").
+pub fn format_duration(secs: u64) -> String {
+    for (suffix, unit) in [("w", 7 * 86_400), ("d", 86_400), ("h", 3600), ("m", 60)] {
+        if secs >= unit && secs.is_multiple_of(unit) {
+            return format!("{}{suffix}", secs / unit);
+        }
+    }
+    format!("{secs}s")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{format_size, parse_size};
+    use super::{format_duration, format_size, parse_duration, parse_size};
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("14d"), Some(14 * 86_400));
+        assert_eq!(parse_duration("90s"), Some(90));
+        assert_eq!(parse_duration("3m"), Some(180));
+        assert_eq!(parse_duration("2w"), Some(14 * 86_400));
+        assert_eq!(parse_duration("5"), None, "a unit is required");
+        assert_eq!(parse_duration("1.5h"), None);
+        assert_eq!(parse_duration("d"), None);
+        assert_eq!(parse_duration("-3d"), None);
+        assert_eq!(parse_duration("99999999999999999999d"), None);
+        assert_eq!(format_duration(14 * 86_400), "2w");
+        assert_eq!(format_duration(180), "3m");
+        assert_eq!(format_duration(90), "90s");
+        assert_eq!(format_duration(0), "0s");
+    }
 
     #[test]
     fn sizes() {

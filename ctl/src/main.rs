@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use nasos_api::{self as api, Client, ServiceInfo, ShutdownKind};
 use nasos_layout::state::State;
 use nasos_services::inspect;
+use nasos_services::snapshots::ops as snapshots;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -69,6 +70,36 @@ enum Command {
     /// After a drive was swapped in BAY: resilver the bay's pool member onto the new (blank)
     /// disk, or bring the same disk back online. A disk holding anything else is refused.
     Replace { bay: String },
+    /// Snapshots (of DATASET and below): kind, when taken, space, and until when they are held.
+    Snapshots { dataset: Option<String> },
+    /// Take a snapshot of DATASET now (named manual-TIME unless NAME is given); the policy never
+    /// prunes it.
+    Snapshot {
+        dataset: String,
+        name: Option<String>,
+        /// Hold it this long (`14d`, `12h`; units s, m, h, d, w): it cannot be destroyed or
+        /// released before then.
+        #[arg(long)]
+        hold: Option<String>,
+    },
+    /// Destroy a snapshot (DATASET@NAME). Refused while it is held.
+    Destroy { snapshot: String },
+    /// Release nasos's holds on a snapshot once their time has passed. Refused before.
+    Release { snapshot: String },
+    /// Roll a dataset back to a snapshot, destroying the snapshots taken after it. Says what
+    /// goes and asks for the dataset's name as confirmation; refused past a held snapshot.
+    Rollback {
+        snapshot: String,
+        /// Do not ask (scripts).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Replication: each dataset sent to a peer (newest common snapshot, lag, bytes, last
+    /// error) and each replica peers send here.
+    Replication {
+        #[command(subcommand)]
+        what: Option<Replication>,
+    },
     /// Health: every check that is not ok, what this machine cannot check, and recent alerts
     /// (kept across reboots).
     Health {
@@ -108,6 +139,14 @@ enum Upgrade {
     },
     /// Both slots, their versions, which one runs, tries left, and the history.
     Status,
+}
+
+#[derive(Subcommand)]
+enum Replication {
+    /// This box's replication key, for the `key` file of its peers' recipes.
+    Key,
+    /// Make a replica here writable for a failover; it takes no more sends from its peer.
+    Promote { dataset: String },
 }
 
 #[derive(Subcommand)]
@@ -167,6 +206,35 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Health { alerts } => return show_health(json, alerts),
         Command::Replace { bay } => {
             println!("{}", nasos_services::storage::replace(&bay)?);
+            return Ok(());
+        }
+        Command::Snapshots { dataset } => return show_snapshots(dataset.as_deref(), json),
+        Command::Snapshot { dataset, name, hold } => {
+            let secs = match &hold {
+                Some(h) => Some(nasos_services::snapshots::parse_duration(h).with_context(|| {
+                    format!("--hold {h}: write a whole number with a unit (s, m, h, d or w), e.g. 14d")
+                })?),
+                None => None,
+            };
+            println!("{}", snapshots::take(&dataset, name.as_deref(), secs)?);
+            return Ok(());
+        }
+        Command::Destroy { snapshot } => {
+            println!("{}", snapshots::destroy(&snapshot)?);
+            return Ok(());
+        }
+        Command::Release { snapshot } => {
+            println!("{}", snapshots::release(&snapshot)?);
+            return Ok(());
+        }
+        Command::Rollback { snapshot, yes } => return rollback(&snapshot, yes),
+        Command::Replication { what: None } => return show_replication(json),
+        Command::Replication { what: Some(Replication::Key) } => {
+            println!("{}", nasos_services::replication::identity_public()?);
+            return Ok(());
+        }
+        Command::Replication { what: Some(Replication::Promote { dataset }) } => {
+            println!("{}", nasos_services::replication::ops::promote(&dataset)?);
             return Ok(());
         }
         Command::Logs { name, lines, boot: Some(back), .. } => return show_old_log(&name, lines, back),
@@ -271,6 +339,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         | Command::Firewall
         | Command::Health { .. }
         | Command::Replace { .. }
+        | Command::Snapshots { .. }
+        | Command::Snapshot { .. }
+        | Command::Destroy { .. }
+        | Command::Release { .. }
+        | Command::Rollback { .. }
+        | Command::Replication { .. }
         | Command::Boots
         | Command::Upgrade { .. } => {}
         Command::Reboot => client.shutdown(ShutdownKind::Reboot).await?,
@@ -288,6 +362,104 @@ fn apply_upgrade(source: &str) -> anyhow::Result<()> {
         done.took.as_secs_f64(),
         done.manifest.version
     );
+    Ok(())
+}
+
+fn show_snapshots(dataset: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let list = snapshots::list(dataset)?;
+    if json {
+        return print(&list);
+    }
+    if list.is_empty() {
+        println!("no snapshots{}", dataset.map(|d| format!(" of {d}")).unwrap_or_default());
+        return Ok(());
+    }
+    let w = list.iter().map(|v| v.name.len()).max().unwrap_or(0).max("SNAPSHOT".len());
+    println!("{:<w$} {:<10} {:<19} {:>6} {:>6}  HELD", "SNAPSHOT", "KIND", "TAKEN (UTC)", "USED", "REFER");
+    let now = nasos_services::unix_now();
+    for v in &list {
+        let mut held: Vec<String> = Vec::new();
+        if let Some(u) = v.held_until {
+            held.push(if u > now { format!("until {} UTC", utc(u)) } else { "hold expired".to_string() });
+        }
+        held.extend(v.held_by.iter().map(|t| format!("by {t}")));
+        println!(
+            "{:<w$} {:<10} {:<19} {:>6} {:>6}  {}",
+            v.name,
+            v.kind,
+            utc(v.created),
+            gib(Some(v.used_bytes)),
+            gib(Some(v.referenced_bytes)),
+            if held.is_empty() { "-".to_string() } else { held.join(", ") }
+        );
+    }
+    Ok(())
+}
+
+fn show_replication(json: bool) -> anyhow::Result<()> {
+    let v = nasos_services::replication::ops::view()?;
+    if json {
+        return print(&v);
+    }
+    let age = |s: Option<u64>| s.map_or("-".to_string(), nasos_services::snapshots::human_span);
+    if v.jobs.is_empty() && v.replicas.is_empty() {
+        println!("no replication in this box's plan");
+    }
+    for j in &v.jobs {
+        let s = &j.state;
+        let late = j.lag_seconds.is_some_and(|l| l > j.lag_alert_seconds);
+        println!(
+            "{} → {} ({}) every {} min: lag {}{}",
+            j.dataset,
+            j.peer,
+            j.target,
+            j.every_minutes,
+            age(j.lag_seconds),
+            if late { format!(" — LATE (alert after {})", age(Some(j.lag_alert_seconds))) } else { String::new() }
+        );
+        println!(
+            "  common snapshot {}; last send {} ({}), {} in all, {} resumed",
+            s.common.as_ref().map_or("none yet", |c| c.name.as_str()),
+            if s.last_success > 0 { format!("{} UTC", utc(s.last_success)) } else { "never".into() },
+            gib(Some(s.last_bytes)),
+            gib(Some(s.total_bytes)),
+            s.resumed
+        );
+        if let Some(e) = &s.last_error {
+            println!("  last error: {e}");
+        }
+    }
+    for r in &v.replicas {
+        let what = match (&r.newest, r.exists) {
+            (_, false) => "not received yet".to_string(),
+            (None, true) => "no snapshot".to_string(),
+            (Some(n), true) => format!("newest {n} ({} old)", age(r.age_seconds)),
+        };
+        let state = if r.promoted { "PROMOTED, writable" } else { "read-only replica" };
+        println!("{} from {}: {state}, {what}", r.dataset, r.from);
+    }
+    Ok(())
+}
+
+/// Says what a rollback discards and destroys, asks for the dataset's name, then rolls back.
+fn rollback(snapshot: &str, yes: bool) -> anyhow::Result<()> {
+    let (dataset, _) = snapshots::split(snapshot).map_err(anyhow::Error::msg)?;
+    let (taken, later) = snapshots::rollback_preview(snapshot)?;
+    if !yes {
+        println!("Rolling {dataset} back to {snapshot} discards every change made since {} UTC;", utc(taken));
+        if later.is_empty() {
+            println!("no later snapshot exists.");
+        } else {
+            println!("it destroys the {} snapshot(s) taken since: {}.", later.len(), later.join(", "));
+        }
+        println!("NFS clients see their files change under them. Type the dataset's name ({dataset}) to go on:");
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        if answer.trim() != dataset {
+            anyhow::bail!("not confirmed: nothing was changed");
+        }
+    }
+    println!("{}", snapshots::rollback(snapshot)?);
     Ok(())
 }
 

@@ -90,8 +90,18 @@ enum Command {
         /// Serve the client's QMP monitor on this unix socket (to plug a USB stick into it).
         #[arg(long, requires = "client")]
         client_qmp: Option<PathBuf>,
-        /// Keep the VM's bays and EFI variables here (default build/<name>/vm; the client's go
-        /// in a client/ folder under it). A new folder means blank bays.
+        /// Also boot a second appliance from this recipe (e.g. recipes/qemu-dr.toml, the
+        /// disaster-recovery twin) on the same private network: a replication peer.
+        #[arg(long)]
+        peer: Option<PathBuf>,
+        /// Serve the peer's console on this unix socket (else a log file).
+        #[arg(long, requires = "peer")]
+        peer_serial: Option<PathBuf>,
+        /// Serve the peer's QMP monitor on this unix socket.
+        #[arg(long, requires = "peer")]
+        peer_qmp: Option<PathBuf>,
+        /// Keep the VM's bays and EFI variables here (default build/<name>/vm; the client's and
+        /// the peer's go in client/ and peer/ folders under it). A new folder means blank bays.
         #[arg(long)]
         state: Option<PathBuf>,
         /// Plug in a USB stick (FAT) holding this file, e.g. a bundle for `nasctl upgrade apply usb:`.
@@ -231,9 +241,36 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", outputs.uki.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Qemu { recipe, headless, serial, qmp, memory, client, client_serial, client_qmp, state, usb } => {
-            let opts =
-                vm::Options { recipe, headless, serial, qmp, memory, client, client_serial, client_qmp, state, usb };
+        Command::Qemu {
+            recipe,
+            headless,
+            serial,
+            qmp,
+            memory,
+            client,
+            client_serial,
+            client_qmp,
+            peer,
+            peer_serial,
+            peer_qmp,
+            state,
+            usb,
+        } => {
+            let opts = vm::Options {
+                recipe,
+                headless,
+                serial,
+                qmp,
+                memory,
+                client,
+                client_serial,
+                client_qmp,
+                peer,
+                peer_serial,
+                peer_qmp,
+                state,
+                usb,
+            };
             vm::run(opts, |r| load(r, false))
         }
         Command::Flash { image, device, yes } => {

@@ -94,14 +94,15 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
     Ok(())
 }
 
-/// Sets root's password field in /etc/shadow from the plan: the hash for password login, locked
-/// (`!`) otherwise. Autologin needs no password: agetty logs root in.
+/// Sets root's password field in /etc/shadow from the plan: the hash for password login, `*`
+/// otherwise (no password matches it; autologin needs none, agetty logs root in). Not `!`:
+/// OpenSSH takes that for a locked account and would refuse even a replication peer's key.
 fn set_root_password(tree: &Path, plan: &Plan) -> anyhow::Result<()> {
     let path = tree.join("etc/shadow");
     let shadow = std::fs::read_to_string(&path).context("reading /etc/shadow of the rootfs")?;
     let field = match (plan.console.root_login, &plan.console.root_password_hash) {
         (RootLogin::Password, Some(h)) => h.clone(),
-        _ => "!".to_string(),
+        _ => "*".to_string(),
     };
     let mut out = String::new();
     for line in shadow.lines() {
@@ -149,6 +150,15 @@ fn prune(tree: &Path) -> anyhow::Result<()> {
             std::fs::remove_dir_all(&p)?;
         } else if p.exists() || p.is_symlink() {
             std::fs::remove_file(&p)?;
+        }
+    }
+    // openssh-server's script makes host keys at install: secrets every box of the image would
+    // share. nasos's sshd uses each box's own replication key instead.
+    if let Ok(dir) = std::fs::read_dir(tree.join("etc/ssh")) {
+        for e in dir.flatten() {
+            if e.file_name().to_string_lossy().starts_with("ssh_host_") {
+                std::fs::remove_file(e.path())?;
+            }
         }
     }
     for e in std::fs::read_dir(tree.join("boot"))?.flatten() {

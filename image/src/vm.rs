@@ -1,5 +1,6 @@
 //! `nasos qemu`: build a recipe for an emulated board if needed and boot it, optionally with a
-//! client VM (a stand-in GPU node) on the same private network.
+//! client VM (a stand-in GPU node) and a peer appliance (a replication twin) on the same private
+//! network.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode, Stdio};
@@ -20,6 +21,10 @@ pub struct Options {
     pub client: Option<PathBuf>,
     pub client_serial: Option<PathBuf>,
     pub client_qmp: Option<PathBuf>,
+    /// A second appliance (a replication peer) on the same network, its console and QMP.
+    pub peer: Option<PathBuf>,
+    pub peer_serial: Option<PathBuf>,
+    pub peer_qmp: Option<PathBuf>,
     /// Where the VM keeps its bays and EFI variables (the client's under `client/`).
     pub state: Option<PathBuf>,
     /// A file to carry on a USB stick (FAT) plugged into the appliance, e.g. a bundle.
@@ -59,27 +64,35 @@ fn prepare(recipe: &Path, loaded: &Loaded, state: Option<PathBuf>) -> anyhow::Re
 
 pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>) -> anyhow::Result<ExitCode> {
     let Some(nas) = load(&opts.recipe)? else { return Ok(ExitCode::from(1)) };
-    let client = match &opts.client {
-        Some(path) => match load(path)? {
-            Some(c) => Some((path.clone(), c)),
-            None => return Ok(ExitCode::from(1)),
-        },
-        None => None,
-    };
-    if let Some((path, c)) = &client
-        && (c.plan().links.is_empty() || nas.plan().links.is_empty())
-    {
-        bail!(
-            "{} and {} each need a network link to meet on ([[network.links]])",
-            opts.recipe.display(),
-            path.display()
-        );
+    let mut companions: Vec<Companion> = Vec::new();
+    for (role, path, serial, qmp, memory) in [
+        ("client", &opts.client, &opts.client_serial, &opts.client_qmp, 1536),
+        ("peer", &opts.peer, &opts.peer_serial, &opts.peer_qmp, 2048),
+    ] {
+        let Some(path) = path else { continue };
+        let Some(c) = load(path)? else { return Ok(ExitCode::from(1)) };
+        if c.plan().links.is_empty() || nas.plan().links.is_empty() {
+            bail!(
+                "{} and {} each need a network link to meet on ([[network.links]])",
+                opts.recipe.display(),
+                path.display()
+            );
+        }
+        companions.push(Companion {
+            role,
+            recipe: path.clone(),
+            loaded: c,
+            serial: serial.clone(),
+            qmp: qmp.clone(),
+            memory,
+        });
     }
     let (state, disk) = prepare(&opts.recipe, &nas, opts.state.clone())?;
-    let client_vm = match &client {
-        Some((path, c)) => Some((prepare(path, c, opts.state.as_ref().map(|s| s.join("client")))?, c)),
-        None => None,
-    };
+    let mut prepared = Vec::new();
+    for c in companions {
+        let (cstate, cdisk) = prepare(&c.recipe, &c.loaded, opts.state.as_ref().map(|s| s.join(c.role)))?;
+        prepared.push((c, cstate, cdisk));
+    }
     host::ensure(host::QEMU)?;
     let usb = match &opts.usb {
         Some(file) => {
@@ -92,10 +105,18 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
         None => None,
     };
     let plan = nas.plan();
+    // Each link listens for the client; a peer meets both on the first link, through a hub.
+    let with_peer = prepared.iter().any(|p| p.0.role == "peer");
     let links: Vec<Link> = plan
         .links
         .iter()
-        .map(|l| Link { port: l.port.clone(), socket: state.join(format!("net-{}.sock", l.port)), listen: true })
+        .enumerate()
+        .map(|(i, l)| Link {
+            port: l.port.clone(),
+            socket: state.join(format!("net-{}.sock", l.port)),
+            listen: true,
+            more: if with_peer && i == 0 { vec![state.join(format!("net-{}-peer.sock", l.port))] } else { Vec::new() },
+        })
         .collect();
     let console = match (&opts.serial, opts.headless) {
         (Some(p), _) => Serial::Socket(p.clone()),
@@ -115,29 +136,43 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
     nasos_qemu::prepare_state(&spec)?;
     for l in &links {
         let _ = std::fs::remove_file(&l.socket);
+        for m in &l.more {
+            let _ = std::fs::remove_file(m);
+        }
     }
     let mut appliance = owned(nasos_qemu::command(&spec)).spawn().context("running qemu-system-x86_64")?;
-
-    let mut client_child: Option<Child> = None;
-    if let Some(((cstate, cdisk), c)) = client_vm {
-        // The client's links plug into the appliance's, in order, once the appliance listens.
-        let cplan = c.plan();
-        let t = Instant::now();
-        while !links.iter().all(|l| l.socket.exists()) {
-            if t.elapsed() > Duration::from_secs(30) || appliance.try_wait()?.is_some() {
-                kill(&mut appliance);
-                bail!("the appliance's QEMU did not open its network sockets");
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    while !links.iter().all(|l| l.socket.exists() && l.more.iter().all(|m| m.exists())) {
+        if t.elapsed() > Duration::from_secs(30) || appliance.try_wait()?.is_some() {
+            kill(&mut appliance);
+            bail!("the appliance's QEMU did not open its network sockets");
         }
-        let clinks: Vec<Link> = cplan
-            .links
-            .iter()
-            .zip(&links)
-            .map(|(cl, al)| Link { port: cl.port.clone(), socket: al.socket.clone(), listen: false })
-            .collect();
-        // The client's console is never the terminal: the appliance has it.
-        let (cserial, where_) = match &opts.client_serial {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let mut children: Vec<Child> = Vec::new();
+    for (Companion { role, loaded: c, serial, qmp, memory, .. }, cstate, cdisk) in prepared {
+        let cplan = c.plan();
+        // The client's links plug into the appliance's, in order; the peer's first link into the
+        // first link's hub.
+        let clinks: Vec<Link> = if role == "peer" {
+            cplan
+                .links
+                .iter()
+                .zip(&links)
+                .take(1)
+                .map(|(cl, al)| Link { port: cl.port.clone(), socket: al.more[0].clone(), listen: false, more: vec![] })
+                .collect()
+        } else {
+            cplan
+                .links
+                .iter()
+                .zip(&links)
+                .map(|(cl, al)| Link { port: cl.port.clone(), socket: al.socket.clone(), listen: false, more: vec![] })
+                .collect()
+        };
+        // A companion's console is never the terminal: the appliance has it.
+        let (cserial, where_) = match serial {
             Some(p) => (Serial::Socket(p.clone()), format!("on the socket {}", p.display())),
             None => {
                 let log = cstate.join("console.log");
@@ -149,9 +184,9 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
             board: c.board.clone(),
             disk: cdisk,
             state: cstate.clone(),
-            memory_mib: 1536,
+            memory_mib: memory,
             serial: cserial,
-            qmp: opts.client_qmp.clone(),
+            qmp,
             links: clinks,
             usb: None,
         };
@@ -162,24 +197,37 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
         match child {
             Ok(ch) => {
                 eprintln!(
-                    "nasos: client {} ({}) is booting; its console is {where_}",
+                    "nasos: {role} {} ({}) is booting; its console is {where_}",
                     cplan.image.hostname,
                     cplan.links.iter().flat_map(|l| l.addresses.iter().cloned()).collect::<Vec<_>>().join(" ")
                 );
-                client_child = Some(ch);
+                children.push(ch);
             }
             Err(e) => {
                 kill(&mut appliance);
-                return Err(e).context("starting the client's QEMU");
+                for mut c in children {
+                    kill(&mut c);
+                }
+                return Err(e).with_context(|| format!("starting the {role}'s QEMU"));
             }
         }
     }
     let status = appliance.wait().context("waiting for QEMU")?;
-    // The client exists for the appliance; it goes when the appliance goes.
-    if let Some(mut c) = client_child {
+    // The client and the peer exist for the appliance; they go when the appliance goes.
+    for mut c in children {
         kill(&mut c);
     }
     Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// A VM booted beside the appliance: the client or the peer.
+struct Companion {
+    role: &'static str,
+    recipe: PathBuf,
+    loaded: Loaded,
+    serial: Option<PathBuf>,
+    qmp: Option<PathBuf>,
+    memory: u32,
 }
 
 /// QEMU goes when nasos goes, however nasos ends: a killed `nasos qemu` must not leave VMs

@@ -49,6 +49,10 @@ pub const STORAGE: Agent =
     Agent { binary: "nasos-storage", path: "/usr/lib/nasos/nasos-storage", verbs: &["up", "export"] };
 pub const NFS: Agent = Agent { binary: "nasos-nfs", path: "/usr/lib/nasos/nasos-nfs", verbs: &["serve"] };
 pub const HEALTH: Agent = Agent { binary: "nasos-health", path: "/usr/lib/nasos/nasos-health", verbs: &["run"] };
+pub const SNAPSHOTS: Agent =
+    Agent { binary: "nasos-snapshots", path: "/usr/lib/nasos/nasos-snapshots", verbs: &["run"] };
+pub const REPLICATION: Agent =
+    Agent { binary: "nasos-replication", path: "/usr/lib/nasos/nasos-replication", verbs: &["run", "sshd", "serve"] };
 pub const UPGRADE: Agent = Agent { binary: "nasos-upgrade", path: "/usr/lib/nasos/nasos-upgrade", verbs: &["bless"] };
 
 /// nasinit's verbs that the service graph and the agents run: load the plan's modules (the
@@ -62,7 +66,7 @@ pub const NASINIT_CONSOLE: &str = "console";
 pub const NASINIT_DEBUG_HANG: &str = "debug-hang";
 
 /// Every agent.
-pub const AGENTS: &[Agent] = &[FABRIC, STORAGE, NFS, HEALTH, UPGRADE];
+pub const AGENTS: &[Agent] = &[FABRIC, STORAGE, NFS, SNAPSHOTS, REPLICATION, HEALTH, UPGRADE];
 
 /// The initramfs's init, its own small program.
 pub const INITRAMFS_INIT: Program =

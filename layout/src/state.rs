@@ -10,6 +10,8 @@
 //! | `nfs/` | nfsd's state (`/var/lib/nfs`: NFSv4 client tracking for reclaim after a reboot) | cleared |
 //! | `boots/N/` | one directory per boot: `log/SERVICE.log`, `end` (how it ended) | cleared |
 //! | `failed-boots` | boots in a row that missed their deadline | cleared |
+//! | `identity/replication-ed25519` | the box's replication key (its `.pub` goes into peers' recipes) | cleared (a new key) |
+//! | `replication/` | each replication job's last result; datasets promoted here | cleared |
 //! | `upgrade/history` | one JSON line per upgrade step: installed, booted, blessed, rolled back, refused | cleared |
 //!
 //! The ZFS pools are not here and a factory reset never touches them.
@@ -40,6 +42,11 @@ pub const HEALTH_ALERTS: &str = "health/alerts";
 pub const HEALTH_ALERTS_KEPT: usize = 500;
 /// Boots in a row that ended in a watchdog reset for a fatal condition (the reboot-loop guard).
 pub const FATAL_RESETS: &str = "fatal-resets";
+/// The box's replication key (OpenSSH, ed25519), made on first boot unless a development image
+/// carries one; `.pub` beside it.
+pub const REPLICATION_KEY: &str = "identity/replication-ed25519";
+/// Each replication job's last result (`DATASET@PEER.json`, `/` as `_`), and `promoted/`.
+pub const REPLICATION: &str = "replication";
 /// Written by `nasctl factory-reset`; the next boot formats the partition afresh.
 pub const FACTORY_RESET: &str = "factory-reset";
 /// How many earlier boots keep their logs.

@@ -26,12 +26,15 @@ pub enum Serial {
     File(PathBuf),
 }
 
-/// One private network between VMs: the first VM listens, the others connect.
+/// One private network between VMs: the first VM listens, the others connect. A listening link
+/// with `more` sockets is a hub in the first VM's QEMU: every VM that connects to any of its
+/// sockets is on one segment (the appliance, its client and its peer).
 #[derive(Debug, Clone)]
 pub struct Link {
     pub port: String,
     pub socket: PathBuf,
     pub listen: bool,
+    pub more: Vec<PathBuf>,
 }
 
 pub struct Spec {
@@ -118,10 +121,22 @@ pub fn command(spec: &Spec) -> Command {
     for (i, link) in spec.links.iter().enumerate() {
         let Some(port) = spec.board.ports.iter().find(|p| p.name == link.port) else { continue };
         let server = if link.listen { "on" } else { "off" };
-        c.arg("-netdev")
-            .arg(format!("stream,id=net{i},server={server},addr.type=unix,addr.path={}", link.socket.display()));
+        let stream = |id: String, sock: &Path| {
+            format!("stream,id={id},server={server},addr.type=unix,addr.path={}", sock.display())
+        };
+        if link.listen && !link.more.is_empty() {
+            // QEMU's hub forwards every frame to all its ports: the NIC and each socket.
+            c.arg("-netdev").arg(format!("hubport,id=net{i},hubid={i}"));
+            for (j, sock) in std::iter::once(&link.socket).chain(&link.more).enumerate() {
+                c.arg("-netdev").arg(stream(format!("net{i}s{j}"), sock));
+                c.arg("-netdev").arg(format!("hubport,id=net{i}h{j},hubid={i},netdev=net{i}s{j}"));
+            }
+        } else {
+            c.arg("-netdev").arg(stream(format!("net{i}"), &link.socket));
+        }
         let mac = port.matcher.mac.clone().unwrap_or_default();
-        c.arg("-device").arg(format!("virtio-net-pci,netdev=net{i},mac={mac}"));
+        // The NIC's id is what QMP's set_link takes (`nic0`: the cable pulled).
+        c.arg("-device").arg(format!("virtio-net-pci,id=nic{i},netdev=net{i},mac={mac}"));
     }
     // A USB controller, as the real board has, so a stick can be plugged in (also later, by QMP).
     c.args(["-device", "qemu-xhci,id=xhci"]);
@@ -409,6 +424,12 @@ impl Vm {
 
     /// Pulls the drive out of bay `n` (1-based), as a hand does: the NVMe controller goes away
     /// without the guest being asked.
+    /// Pulls (`up` false) or puts back the cable of the VM's `n`-th link (0 is the first).
+    pub fn set_link(&self, n: u32, up: bool) -> anyhow::Result<()> {
+        self.qmp("set_link", serde_json::json!({"name": format!("nic{n}"), "up": up}))?;
+        Ok(())
+    }
+
     pub fn pull_bay(&self, n: u32) -> anyhow::Result<()> {
         self.qmp("device_del", serde_json::json!({"id": format!("nvme{n}")}))?;
         Ok(())

@@ -15,7 +15,9 @@ pub mod mounts;
 pub mod nfs;
 pub mod nfsd;
 pub mod rdma;
+pub mod replication;
 pub mod signals;
+pub mod snapshots;
 pub mod storage;
 pub mod upgrade;
 

@@ -88,6 +88,7 @@ pub fn serve() -> anyhow::Result<()> {
         let signal = match signals.wait(WATCH) {
             Ok(None) => {
                 watch_listeners(&nfs, &mut said);
+                serve_newly_mounted(&nfs, &mut off);
                 continue;
             }
             Ok(Some(s)) => s,
@@ -154,6 +155,40 @@ fn holds(pid: u32, what: impl Fn(&Path) -> bool) -> bool {
         .flatten()
         .flatten()
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| what(&t)))
+}
+
+/// Serves an export that stayed off once its dataset is mounted: a dataset mounted by hand, or a
+/// replica that a peer's first send just made.
+fn serve_newly_mounted(nfs: &NfsPlan, off: &mut Vec<String>) {
+    if off.is_empty() {
+        return;
+    }
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let now: Vec<String> = off
+        .iter()
+        .filter(|ds| {
+            nfs.exports
+                .iter()
+                .find(|e| &e.dataset == *ds)
+                .is_some_and(|e| mounts::dataset_mounted(&mountinfo, &e.dataset, &e.path).is_ok())
+        })
+        .cloned()
+        .collect();
+    if now.is_empty() {
+        return;
+    }
+    off.retain(|d| !now.contains(d));
+    let table = nfs.exports_table_of(|e| !off.contains(&e.dataset));
+    let done = std::fs::write("/etc/exports", table)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| run("exportfs", &["-ra"]).map(drop).map_err(anyhow::Error::from));
+    match done {
+        Ok(()) => say(format!("serving {} now: mounted", now.join(", "))),
+        Err(e) => {
+            say(format!("serving {} failed: {e:#}; trying again", now.join(", ")));
+            off.extend(now);
+        }
+    }
 }
 
 /// Puts the RDMA listener back when nfsd was restarted without it. Says once when nfsd was

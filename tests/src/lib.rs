@@ -197,19 +197,36 @@ pub fn digest(out: &str) -> String {
 pub struct Pair {
     pub nas: Vm,
     pub gpu: Vm,
+    /// The disaster-recovery twin (recipes/qemu-dr.toml), when started with one.
+    pub dr: Option<Vm>,
     qmp: PathBuf,
 }
 
 impl Pair {
     pub fn start(dir: &Path) -> Pair {
+        Pair::boot(dir, false)
+    }
+
+    /// The pair and the disaster-recovery twin at 10.77.0.2, on one network (a hub in the
+    /// appliance's QEMU).
+    pub fn start_with_dr(dir: &Path) -> Pair {
+        Pair::boot(dir, true)
+    }
+
+    fn boot(dir: &Path, with_dr: bool) -> Pair {
         build_binaries();
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).expect("dir");
         let (nas_sock, gpu_sock, qmp) = (dir.join("nas.sock"), dir.join("gpu.sock"), dir.join("qmp.sock"));
         let gpu_qmp = dir.join("gpu-qmp.sock");
         let log = std::fs::File::create(dir.join("nasos-qemu.log")).expect("log");
-        let nasos = Command::new(target_release().join("nasos"))
-            .args(["qemu", "recipes/qemu-dev.toml", "--headless", "--client", "recipes/qemu-client.toml"])
+        let (dr_sock, dr_qmp) = (dir.join("dr.sock"), dir.join("dr-qmp.sock"));
+        let mut cmd = Command::new(target_release().join("nasos"));
+        cmd.args(["qemu", "recipes/qemu-dev.toml", "--headless", "--client", "recipes/qemu-client.toml"]);
+        if with_dr {
+            cmd.args(["--peer", "recipes/qemu-dr.toml", "--peer-serial"]).arg(&dr_sock).arg("--peer-qmp").arg(&dr_qmp);
+        }
+        let nasos = cmd
             .arg("--serial")
             .arg(&nas_sock)
             .arg("--client-serial")
@@ -231,9 +248,16 @@ impl Pair {
             .unwrap_or_else(|e| panic!("{e:#}; see {}", dir.join("nasos-qemu.log").display()));
         let gpu = Vm::attach(&gpu_sock, &dir.join("console-gpu.log"), Some(gpu_qmp), None, Duration::from_secs(120))
             .unwrap_or_else(|e| panic!("{e:#}; see {}", dir.join("nasos-qemu.log").display()));
-        let mut pair = Pair { nas, gpu, qmp };
+        let dr = with_dr.then(|| {
+            Vm::attach(&dr_sock, &dir.join("console-dr.log"), Some(dr_qmp), None, Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("{e:#}; see {}", dir.join("nasos-qemu.log").display()))
+        });
+        let mut pair = Pair { nas, gpu, dr, qmp };
         pair.nas.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("appliance ready");
         pair.gpu.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("client ready");
+        if let Some(dr) = &mut pair.dr {
+            dr.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("DR twin ready");
+        }
         pair
     }
 

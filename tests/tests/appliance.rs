@@ -29,7 +29,7 @@ fn boot(disk: &Path, tag: &str) -> Vm {
 /// Boots the built disk with fresh bays that `prepare` may seed.
 fn boot_with(disk: &Path, tag: &str, prepare: impl FnOnce(&Path)) -> Vm {
     let net = dir().join(format!("net-{tag}.sock"));
-    let link = Link { port: "roce0".into(), socket: net, listen: true };
+    let link = Link { port: "roce0".into(), socket: net, listen: true, more: Vec::new() };
     nasos_tests::boot(&dir(), disk, tag, 2048, link, prepare)
 }
 

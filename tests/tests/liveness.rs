@@ -40,7 +40,7 @@ fn build_image() {
 
 fn first_miss() {
     let net = dir().join("net-hang.sock");
-    let link = Link { port: "roce0".into(), socket: net, listen: true };
+    let link = Link { port: "roce0".into(), socket: net, listen: true, more: Vec::new() };
     let mut vm = nasos_tests::boot(&dir(), &IMAGE.get().join("disk.qcow2"), "hang", 2048, link, |_| {});
     vm.wait_for("nasinit: started", Duration::from_secs(240)).expect("nasinit starts");
     let missed =

@@ -23,7 +23,7 @@ fn dir() -> PathBuf {
 
 fn boot(tag: &str) -> Vm {
     let net = dir().join(format!("net-{tag}.sock"));
-    let link = Link { port: "roce0".into(), socket: net, listen: true };
+    let link = Link { port: "roce0".into(), socket: net, listen: true, more: Vec::new() };
     nasos_tests::boot(&dir(), &IMAGE.get().join("disk.qcow2"), tag, 2048, link, |_| {})
 }
 

@@ -111,7 +111,7 @@ fn inspect() {
 }
 
 fn boot_v1() {
-    let link = Link { port: "roce0".into(), socket: dir().join("net.sock"), listen: true };
+    let link = Link { port: "roce0".into(), socket: dir().join("net.sock"), listen: true, more: Vec::new() };
     let mut vm = nasos_tests::boot(&dir(), &BUILT.with(|b| b.v1.join("disk.qcow2")), "upgrade", 2048, link, |_| {});
     vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("v1 ready");
     vm.wait_for_login(Duration::from_secs(60)).ok();

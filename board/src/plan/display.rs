@@ -112,6 +112,61 @@ impl fmt::Display for Plan {
                 write_props(f, "   ", &d.properties)?;
             }
         }
+        if !self.snapshots.is_empty() {
+            writeln!(f, "\nsnapshots (UTC periods; the newest of each kind is always kept)")?;
+            for s in &self.snapshots {
+                let k = &s.keep;
+                let kinds: Vec<String> = [
+                    ("frequently", k.frequently, format!(" (every {} min)", s.frequent_minutes)),
+                    ("hourly", k.hourly, String::new()),
+                    ("daily", k.daily, String::new()),
+                    ("weekly", k.weekly, String::new()),
+                    ("monthly", k.monthly, String::new()),
+                ]
+                .into_iter()
+                .filter(|(_, n, _)| *n > 0)
+                .map(|(kind, n, extra)| format!("{n} {kind}{extra}"))
+                .collect();
+                let hold = if s.hold_seconds > 0 {
+                    format!("; each held {}", crate::units::format_duration(s.hold_seconds))
+                } else {
+                    String::new()
+                };
+                let rec = if s.recursive { " and below" } else { "" };
+                writeln!(f, "  {}{rec}: keep {}{hold}", s.dataset, kinds.join(", "))?;
+            }
+        }
+        let r = &self.replication;
+        if !r.peers.is_empty() {
+            writeln!(
+                f,
+                "\nreplication (ssh; key: {})",
+                if r.identity.is_some() { "the recipe's (development)" } else { "made on first boot" }
+            )?;
+            for p in &r.peers {
+                let may = if p.receive.is_empty() {
+                    "sends nothing here".to_string()
+                } else {
+                    format!("may send {}", p.receive.join(", "))
+                };
+                writeln!(f, "  peer {} at {} on {} (from {}); {may}", p.name, p.address, p.link, p.local_address)?;
+            }
+            for j in &r.jobs {
+                let bw = j
+                    .bandwidth_bytes
+                    .map(|b| format!(", at most {}/s", crate::units::format_size(b)))
+                    .unwrap_or_default();
+                writeln!(
+                    f,
+                    "  send {} → {}:{} every {} min{bw}; alert after {} min behind",
+                    j.dataset,
+                    j.peer,
+                    j.target,
+                    j.every_minutes,
+                    j.lag_alert_seconds / 60
+                )?;
+            }
+        }
         if let Some(n) = &self.nfs {
             writeln!(f, "\nnfs")?;
             let v: Vec<&str> = n.versions.iter().map(|v| v.as_str()).collect();

@@ -10,6 +10,8 @@
 //!   is an RDMA-CM port carried inside RoCE, not an IP port, so it needs no rule of its own;
 //! - rpcbind (111) only when the plan runs it (NFSv3);
 //! - the metrics port, on the one address the recipe puts it;
+//! - SSH (22) from each peer that may replicate here, only from its address, to the address
+//!   facing it;
 //! - on every link: replies to what the box started (syslog over TCP, DNS-free as it is),
 //!   ICMP errors and echo, and IPv6 neighbour discovery.
 //!
@@ -127,6 +129,22 @@ pub fn allowed(plan: &Plan) -> Vec<Allow> {
                     from: Vec::new(),
                     to: Some(ip),
                     why: "Prometheus metrics".into(),
+                });
+            }
+        }
+        // SSH, from each peer that may replicate here and only from it, to the address that
+        // faces it: its key can do nothing but receive (a forced command).
+        for peer in plan.replication.peers.iter().filter(|p| !p.receive.is_empty()) {
+            if let Some((ifname, _)) =
+                names.iter().find(|(_, a)| a.iter().any(|s| s.split('/').next() == Some(peer.local_address.as_str())))
+            {
+                out.push(Allow {
+                    link: ifname.clone(),
+                    proto: "tcp",
+                    port: 22,
+                    from: vec![format!("{}/{}", peer.address, if peer.address.contains(':') { 128 } else { 32 })],
+                    to: Some(peer.local_address.clone()),
+                    why: format!("replication from {}", peer.name),
                 });
             }
         }

@@ -60,6 +60,12 @@ pub struct Plan {
     pub zfs: ZfsPlan,
     pub pools: Vec<PoolPlan>,
     pub datasets: Vec<DatasetPlan>,
+    /// Automatic snapshot policies, one per dataset.
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotPlan>,
+    /// Peers, what is sent to them and what they may send here.
+    #[serde(default)]
+    pub replication: ReplicationPlan,
     pub nfs: Option<NfsPlan>,
     pub health: HealthPlan,
     pub upgrade: UpgradePlan,
@@ -221,6 +227,63 @@ pub struct DatasetPlan {
     pub properties: BTreeMap<String, String>,
 }
 
+/// One dataset's snapshot policy: what the `snapshots` service takes, keeps and holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotPlan {
+    pub dataset: String,
+    pub recursive: bool,
+    /// The period of frequent snapshots, in minutes (it divides the hour).
+    pub frequent_minutes: u32,
+    pub keep: Retention,
+    /// How long each snapshot the policy takes is held after it was taken; 0: not held.
+    pub hold_seconds: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationPlan {
+    /// Development images: the box's secret key (OpenSSH format), the same for every box of the
+    /// image. Otherwise each box makes its own on first boot (state partition).
+    pub identity: Option<String>,
+    pub peers: Vec<PeerPlan>,
+    pub jobs: Vec<ReplicationJobPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerPlan {
+    pub name: String,
+    pub address: String,
+    /// Its OpenSSH public key line (`ssh-ed25519 AAAA… comment`).
+    pub key: String,
+    /// The link of this box whose subnet holds the peer's address, and this box's address there.
+    pub link: String,
+    pub local_address: String,
+    /// Datasets it may replicate into on this box.
+    pub receive: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationJobPlan {
+    pub dataset: String,
+    pub peer: String,
+    /// Its name on the peer.
+    pub target: String,
+    pub every_minutes: u32,
+    /// Bytes per second a send may use; none: unlimited.
+    pub bandwidth_bytes: Option<u64>,
+    /// Alert when the newest common snapshot is older than this.
+    pub lag_alert_seconds: u64,
+}
+
+/// How many snapshots of each kind a policy keeps (0: the kind is not taken).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    pub frequently: u32,
+    pub hourly: u32,
+    pub daily: u32,
+    pub weekly: u32,
+    pub monthly: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NfsPlan {
     pub versions: Vec<NfsVersion>,
@@ -286,6 +349,8 @@ impl Plan {
             zfs: ZfsPlan { arc_max_bytes: None, tunables: BTreeMap::new() },
             pools: Vec::new(),
             datasets: Vec::new(),
+            snapshots: Vec::new(),
+            replication: ReplicationPlan::default(),
             nfs: None,
             health: HealthPlan {
                 watchdog_driver: String::new(),

@@ -6,7 +6,9 @@ use crate::recipe::{Access, Recipe};
 use crate::units::parse_size;
 use nasos_layout::paths::EXPORT_ROOT;
 
-use super::services::{MODULES, MODULES_NET, MODULES_NFS, MODULES_STORAGE, apply_liveness, console_service, services};
+use super::services::{
+    Features, MODULES, MODULES_NET, MODULES_NFS, MODULES_STORAGE, apply_liveness, console_service, services,
+};
 
 /// Resolves a validated recipe on its board into a plan.
 ///
@@ -48,6 +50,14 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     if network {
         // nft loads the plan's ruleset (`firewall`) before any link comes up.
         packages.push("nftables".into());
+    }
+    if !r.replicate.is_empty() {
+        // ssh carries the sends to peers.
+        packages.push("openssh-client".into());
+    }
+    if r.peers.iter().any(|p| !p.receive.is_empty()) {
+        // sshd for peers (and ssh-keygen, from openssh-client, for the box's key).
+        packages.extend(["openssh-server", "openssh-client"].map(String::from));
     }
     packages.extend(b.packages.iter().cloned());
     packages.extend(r.packages.extra.iter().cloned());
@@ -124,7 +134,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
 
     let bays = b.bays.iter().map(|bay| BayPlan { name: bay.name.clone(), matcher: bay.matcher.clone() }).collect();
 
-    let links = r
+    let links: Vec<LinkPlan> = r
         .network
         .links
         .iter()
@@ -185,15 +195,48 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
             vdevs: p.vdevs.iter().map(|v| VdevPlan { kind: v.kind, bays: v.bays.clone() }).collect(),
             spares: p.spares.clone(),
             properties: p.properties.clone(),
-            filesystem: p.filesystem.clone(),
+            filesystem: {
+                let mut fs = p.filesystem.clone();
+                if r.snapshots.iter().any(|s| s.dataset == p.name) {
+                    fs.entry("snapdir".into()).or_insert_with(|| "visible".into());
+                }
+                fs
+            },
         })
         .collect();
 
+    let snapshots: Vec<SnapshotPlan> = r
+        .snapshots
+        .iter()
+        .map(|p| SnapshotPlan {
+            dataset: p.dataset.clone(),
+            recursive: p.recursive,
+            frequent_minutes: p.frequent_minutes,
+            keep: Retention {
+                frequently: p.frequently,
+                hourly: p.hourly,
+                daily: p.daily,
+                weekly: p.weekly,
+                monthly: p.monthly,
+            },
+            // Checked by validation.
+            hold_seconds: p.hold.as_deref().and_then(crate::units::parse_duration).unwrap_or(0),
+        })
+        .collect();
+    // A dataset that has snapshots lists them in `.zfs/snapshot` for its NFS clients, so a user
+    // finds yesterday's file without an operator (the recipe may still say otherwise).
+    let snapshotted = |name: &str| {
+        snapshots.iter().any(|s| s.dataset == name || (s.recursive && name.starts_with(&format!("{}/", s.dataset))))
+    };
+    let replication = replication(r, &links);
     let datasets = r
         .datasets
         .iter()
         .map(|d| {
             let mut properties = d.properties.clone();
+            if snapshotted(&d.name) {
+                properties.entry("snapdir".into()).or_insert_with(|| "visible".into());
+            }
             if let Some(q) = &d.quota {
                 properties.insert("quota".into(), q.clone());
             }
@@ -233,7 +276,11 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
                             }];
                             o.push(if c.sync { "sync" } else { "async" });
                             o.push(if c.root_squash { "root_squash" } else { "no_root_squash" });
-                            o.extend(["no_subtree_check", "sec=sys"]);
+                            // crossmnt: a snapshot in `.zfs/snapshot` is a mount of its own
+                            // (ZFS automounts it on first access), and nfsd serves what is
+                            // mounted below an export only with crossmnt; the datasets below an
+                            // export are served with its options, as its directory tree.
+                            o.extend(["no_subtree_check", "crossmnt", "sec=sys"]);
                             ExportClientPlan {
                                 network: c.network.clone(),
                                 options: o.into_iter().map(String::from).collect(),
@@ -271,7 +318,15 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         b.console.baud,
     );
     let set_names: Vec<&str> = module_sets.iter().map(|s| s.service.as_str()).collect();
-    let mut services = services(&set_names, network, uses_zfs, r.nfs.is_some());
+    let features = Features {
+        network,
+        storage: uses_zfs,
+        nfs: r.nfs.is_some(),
+        snapshots: !r.snapshots.is_empty(),
+        send: !replication.jobs.is_empty(),
+        receive: replication.peers.iter().any(|p| !p.receive.is_empty()),
+    };
+    let mut services = services(&set_names, &features);
     apply_liveness(&mut services, &r.liveness, &r.debug.hang_services);
     services.splice(0..0, console);
 
@@ -302,6 +357,8 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         zfs: ZfsPlan { arc_max_bytes: r.zfs.arc_max.as_deref().and_then(parse_size), tunables: r.zfs.tunables.clone() },
         pools,
         datasets,
+        snapshots,
+        replication,
         nfs,
         health,
         upgrade: UpgradePlan {
@@ -334,6 +391,47 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         },
         services,
     }
+}
+
+/// Peers with the link and address of this box that reach each one, and the jobs. The peers'
+/// keys are read beside the recipe (`Loaded::plan` fills them in); validation has checked the
+/// references.
+fn replication(r: &Recipe, links: &[LinkPlan]) -> ReplicationPlan {
+    let peers = r
+        .peers
+        .iter()
+        .map(|p| {
+            let ip: Option<std::net::IpAddr> = p.address.parse().ok();
+            let local = links.iter().find_map(|l| {
+                l.addresses.iter().find_map(|a| {
+                    let net: ipnet::IpNet = a.parse().ok()?;
+                    ip.filter(|ip| net.contains(ip)).map(|_| (l.name.clone(), net.addr().to_string()))
+                })
+            });
+            let (link, local_address) = local.unwrap_or_default();
+            PeerPlan {
+                name: p.name.clone(),
+                address: p.address.clone(),
+                key: String::new(),
+                link,
+                local_address,
+                receive: p.receive.clone(),
+            }
+        })
+        .collect();
+    let jobs = r
+        .replicate
+        .iter()
+        .map(|j| ReplicationJobPlan {
+            dataset: j.dataset.clone(),
+            peer: j.to.clone(),
+            target: j.target.clone().unwrap_or_else(|| j.dataset.clone()),
+            every_minutes: j.every_minutes,
+            bandwidth_bytes: j.bandwidth.as_deref().and_then(parse_size),
+            lag_alert_seconds: u64::from(j.lag_alert_minutes.unwrap_or(3 * j.every_minutes + 5)) * 60,
+        })
+        .collect();
+    ReplicationPlan { identity: None, peers, jobs }
 }
 
 fn clamp_u8(v: u32) -> u8 {

@@ -68,6 +68,9 @@ pub const SERVICE_NAMES: &[&str] = &[
     "storage",
     "zed",
     "nfs",
+    "snapshots",
+    "sshd",
+    "replication",
     "health",
     "bless",
 ];
@@ -95,7 +98,20 @@ pub(super) fn apply_liveness(services: &mut [Service], liveness: &Liveness, hang
     }
 }
 
-pub(super) fn services(module_sets: &[&str], network: bool, storage: bool, nfs: bool) -> Vec<Service> {
+/// What the recipe asks the box to run, beyond the modules.
+pub(super) struct Features {
+    pub network: bool,
+    pub storage: bool,
+    pub nfs: bool,
+    pub snapshots: bool,
+    /// Datasets are sent to peers.
+    pub send: bool,
+    /// Peers may send here (sshd, with a forced command).
+    pub receive: bool,
+}
+
+pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
+    let Features { network, storage, nfs, snapshots, send, receive } = *f;
     let oneshot = RestartPolicy {
         when: Restart::OnFailure,
         backoff_initial_ms: 1000,
@@ -158,6 +174,21 @@ pub(super) fn services(module_sets: &[&str], network: bool, storage: bool, nfs: 
     if nfs {
         let after = [MODULES, MODULES_NFS, "storage", "fabric"];
         add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &after);
+    }
+    if storage && snapshots {
+        // Takes and prunes the policies' snapshots; ready once it runs (the first round must not
+        // hold up serving), restarted if it dies.
+        add("snapshots", agents::SNAPSHOTS.command("run"), Readiness::Started, &daemon, None, &["storage"]);
+    }
+    if storage && network && receive {
+        // OpenSSH's server, for peers only: their keys log in to a forced command that can do
+        // nothing but receive into the datasets the recipe lets them write.
+        let after = ["firewall", "fabric", "storage"];
+        add("sshd", agents::REPLICATION.command("sshd"), Readiness::Started, &daemon, None, &after);
+    }
+    if storage && network && send {
+        let after = ["fabric", "storage"];
+        add("replication", agents::REPLICATION.command("run"), Readiness::Started, &daemon, None, &after);
     }
     add(
         "health",

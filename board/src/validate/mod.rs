@@ -19,7 +19,7 @@ use crate::board::{Board, DeviceMatch, Port};
 use crate::diag::{Diagnostic, Severity, did_you_mean};
 use crate::recipe::{Recipe, RootLogin};
 use crate::source::{Document, Path};
-use crate::units::parse_size;
+use crate::units::{parse_duration, parse_size};
 
 pub(crate) struct Checker<'d, 'a> {
     pub(crate) doc: &'d Document<'a>,
@@ -93,11 +93,26 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     zfs(&mut c, r);
     pools(&mut c, r, board);
     datasets(&mut c, r);
+    snapshots(&mut c, r);
+    replication(&mut c, r);
     nfs(&mut c, r);
     liveness(&mut c, r);
     health(&mut c, r);
     upgrade(&mut c, r);
     c.out
+}
+
+/// Checks the replication key files a recipe names (each peer's public key, the development
+/// identity) and returns their text for the plan.
+pub fn replication_keys(
+    doc: &Document<'_>,
+    r: &Recipe,
+    peers: &[crate::KeyFile],
+    identity: Option<&crate::KeyFile>,
+) -> ((Vec<String>, Option<String>), Vec<Diagnostic>) {
+    let mut c = Checker { doc, out: Vec::new() };
+    let keys = sections::replication_keys(&mut c, r, peers, identity);
+    (keys, c.out)
 }
 
 /// Checks the trusted upgrade keys a recipe names (their files, read beside it) and returns

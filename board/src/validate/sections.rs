@@ -404,6 +404,252 @@ pub(super) fn datasets(c: &mut Checker<'_, '_>, r: &Recipe) {
     }
 }
 
+/// Frequent periods that divide the hour, so every period starts at the same minutes each hour.
+const FREQUENT_PERIODS: [u32; 12] = [1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60];
+/// A hold longer than this is more likely a typo (`"14w"` for `"14d"`) than a retention rule.
+const MAX_HOLD_SECONDS: u64 = 10 * 366 * 86_400;
+/// More snapshots of one kind than this is a typo, and costs every listing.
+const MAX_KEEP: u32 = 10_000;
+
+pub(super) fn snapshots(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let base = Path::root().key("snapshots");
+    let known: Vec<&str> =
+        r.pools.iter().map(|p| p.name.as_str()).chain(r.datasets.iter().map(|d| d.name.as_str())).collect();
+    c.unique(
+        "snapshot policy for dataset",
+        r.snapshots.iter().enumerate().map(|(i, p)| (p.dataset.as_str(), base.index(i).key("dataset"))),
+    );
+    for (i, policy) in r.snapshots.iter().enumerate() {
+        let pp = base.index(i);
+        let replica = r.peers.iter().find(|p| p.receive.contains(&policy.dataset));
+        if let Some(peer) = replica {
+            c.error(
+                &pp.key("dataset"),
+                format!(
+                    "`{}` is a replica peer {} sends here: it gets that box's snapshots",
+                    policy.dataset, peer.name
+                ),
+                "snapshots of its own would block the next send; set the policy on the source box".to_string(),
+            );
+        } else if !known.contains(&policy.dataset.as_str()) {
+            c.unknown(&pp.key("dataset"), "dataset", &policy.dataset, &known, "[[pools]] and [[datasets]]");
+        }
+        // A dataset below a recursive policy already gets that policy's snapshots; a second
+        // policy would take and prune the same names twice.
+        if let Some(parent) = r.snapshots.iter().find(|o| {
+            o.recursive && o.dataset != policy.dataset && policy.dataset.starts_with(&format!("{}/", o.dataset))
+        }) {
+            c.error(
+                &pp.key("dataset"),
+                format!("`{}` is below `{}`, whose snapshot policy is recursive", policy.dataset, parent.dataset),
+                format!(
+                    "a recursive policy snapshots every dataset below it; remove this policy or make the one for `{}` non-recursive",
+                    parent.dataset
+                ),
+            );
+        }
+        if !FREQUENT_PERIODS.contains(&policy.frequent_minutes) {
+            c.error(
+                &pp.key("frequent_minutes"),
+                format!("frequent_minutes = {} does not divide the hour", policy.frequent_minutes),
+                format!("use one of {}", FREQUENT_PERIODS.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+            );
+        }
+        let counts = [
+            ("frequently", policy.frequently),
+            ("hourly", policy.hourly),
+            ("daily", policy.daily),
+            ("weekly", policy.weekly),
+            ("monthly", policy.monthly),
+        ];
+        for (key, n) in counts {
+            if n > MAX_KEEP {
+                c.error(
+                    &pp.key(key),
+                    format!("{key} = {n} keeps more than {MAX_KEEP} snapshots"),
+                    "keep fewer, and keep the longer history in a coarser kind (daily, weekly, monthly)".to_string(),
+                );
+            }
+        }
+        if counts.iter().all(|(_, n)| *n == 0) {
+            c.error(
+                &pp,
+                format!("the snapshot policy for `{}` keeps no snapshot of any kind", policy.dataset),
+                "set at least one of frequently, hourly, daily, weekly, monthly, or remove the policy".to_string(),
+            );
+        }
+        if let Some(h) = &policy.hold {
+            match parse_duration(h) {
+                None => c.error(
+                    &pp.key("hold"),
+                    format!("invalid duration `{h}`"),
+                    "write a whole number with a unit: s, m, h, d or w, e.g. \"14d\"".to_string(),
+                ),
+                Some(s) if s > MAX_HOLD_SECONDS => c.error(
+                    &pp.key("hold"),
+                    format!("a hold of `{h}` is longer than ten years"),
+                    "holds are a retention time; was a shorter unit meant (\"14d\", not \"14w\")?".to_string(),
+                ),
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// Peers and what is sent to them.
+pub(super) fn replication(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let base = Path::root().key("peers");
+    c.unique("peer name", r.peers.iter().enumerate().map(|(i, p)| (p.name.as_str(), base.index(i).key("name"))));
+    let nets: Vec<IpNet> = r
+        .network
+        .links
+        .iter()
+        .flat_map(|l| l.addresses.iter().chain(l.vlans.iter().flat_map(|v| v.addresses.iter())))
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let own: Vec<&str> = r.pools.iter().map(|p| p.name.as_str()).collect();
+    let defined: Vec<&str> = r.datasets.iter().map(|d| d.name.as_str()).collect();
+    for (i, peer) in r.peers.iter().enumerate() {
+        let pp = base.index(i);
+        c.name(&pp.key("name"), "peer name", &peer.name, is_slug, "peer names are lowercase letters, digits and `-`");
+        match peer.address.parse::<std::net::IpAddr>() {
+            Err(_) => c.error(
+                &pp.key("address"),
+                format!("`{}` is not an IP address", peer.address),
+                "give the peer's address on the link between the boxes, e.g. \"10.77.0.2\"".to_string(),
+            ),
+            Ok(ip) if !nets.iter().any(|n| n.contains(&ip)) => c.error(
+                &pp.key("address"),
+                format!("{} is in no subnet of this box's links, so the boxes cannot reach each other", peer.address),
+                "give the peer an address in the subnet of one of [[network.links]] addresses".to_string(),
+            ),
+            Ok(ip) if nets.iter().any(|n| n.addr() == ip) => c.error(
+                &pp.key("address"),
+                format!("{} is this box's own address", peer.address),
+                "give the other box's address".to_string(),
+            ),
+            Ok(_) => {}
+        }
+        for (j, ds) in peer.receive.iter().enumerate() {
+            let at = pp.key("receive").index(j);
+            let pool = ds.split('/').next().unwrap_or(ds);
+            if !ds.contains('/') || !own.contains(&pool) {
+                c.error(
+                    &at,
+                    format!("`{ds}` is not a dataset in a pool of this box"),
+                    format!("name it POOL/NAME in one of the pools: {}", own.join(", ")),
+                );
+            } else if defined.contains(&ds.as_str()) {
+                c.error(
+                    &at,
+                    format!("`{ds}` is also in [[datasets]]: storage would make it, and the peer's first send would find a dataset it did not make"),
+                    "remove it from [[datasets]]: a replica is made by the first receive, read-only".to_string(),
+                );
+            }
+        }
+    }
+    let base = Path::root().key("replicate");
+    let known: Vec<&str> = own.iter().copied().chain(defined.iter().copied()).collect();
+    let peer_names: Vec<&str> = r.peers.iter().map(|p| p.name.as_str()).collect();
+    c.unique(
+        "replication of",
+        r.replicate
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (format!("{} to {}", j.dataset, j.to), base.index(i).key("dataset"))),
+    );
+    for (i, job) in r.replicate.iter().enumerate() {
+        let jp = base.index(i);
+        if !known.contains(&job.dataset.as_str()) {
+            c.unknown(&jp.key("dataset"), "dataset", &job.dataset, &known, "[[pools]] and [[datasets]]");
+        }
+        if !peer_names.contains(&job.to.as_str()) {
+            c.unknown(&jp.key("to"), "peer", &job.to, &peer_names, "[[peers]]");
+        }
+        if !(1..=1440).contains(&job.every_minutes) {
+            c.error(
+                &jp.key("every_minutes"),
+                format!("every_minutes = {} is outside 1–1440", job.every_minutes),
+                "send at least once a day and at most once a minute".to_string(),
+            );
+        }
+        if let Some(b) = &job.bandwidth
+            && parse_size(b).is_none_or(|n| n < 1 << 20)
+        {
+            c.error(
+                &jp.key("bandwidth"),
+                format!("invalid bandwidth `{b}`"),
+                "bytes per second with a K, M or G suffix, at least 1M, e.g. \"100M\"".to_string(),
+            );
+        }
+        if let Some(lag) = job.lag_alert_minutes
+            && lag < job.every_minutes
+        {
+            c.error(
+                &jp.key("lag_alert_minutes"),
+                format!("an alert after {lag} min would fire between two sends {} min apart", job.every_minutes),
+                format!("set it to at least {} (every_minutes), better a few intervals more", job.every_minutes),
+            );
+        }
+    }
+}
+
+/// The peers' key files and the development identity.
+pub(super) fn replication_keys(
+    c: &mut Checker<'_, '_>,
+    r: &Recipe,
+    peers: &[crate::KeyFile],
+    identity: Option<&crate::KeyFile>,
+) -> (Vec<String>, Option<String>) {
+    let mut keys = Vec::new();
+    for (i, f) in peers.iter().enumerate() {
+        let at = Path::root().key("peers").index(i).key("key");
+        match &f.text {
+            Err(e) => c.error(
+                &at,
+                format!("cannot read the key file {e}"),
+                "key files are named relative to the recipe's directory, e.g. \"keys/dr.pub\"".to_string(),
+            ),
+            Ok(t) if !is_ssh_public_key(t) => c.error(
+                &at,
+                format!("`{}` is not an OpenSSH ed25519 public key", f.name),
+                "give the line `nasctl replication key` prints on the peer (ssh-ed25519 AAAA… NAME)".to_string(),
+            ),
+            Ok(t) => keys.push(t.trim().to_string()),
+        }
+    }
+    let mut secret = None;
+    if let Some(f) = identity {
+        let at = Path::root().key("replication").key("identity");
+        if !r.image.development {
+            c.error(
+                &at,
+                "a replication identity in the recipe gives every box of the image the same secret key",
+                "remove it: each production box makes its own on first boot (`nasctl replication key` prints it)"
+                    .to_string(),
+            );
+        }
+        match &f.text {
+            Err(e) => c.error(&at, format!("cannot read the key file {e}"), None),
+            Ok(t) if !t.trim_start().starts_with("-----BEGIN OPENSSH PRIVATE KEY-----") => c.error(
+                &at,
+                format!("`{}` is not an OpenSSH private key", f.name),
+                "make one with ssh-keygen -t ed25519 -N '' -f FILE".to_string(),
+            ),
+            Ok(t) => secret = Some(t.clone()),
+        }
+    }
+    (keys, secret)
+}
+
+fn is_ssh_public_key(text: &str) -> bool {
+    let t = text.trim();
+    let mut parts = t.split_whitespace();
+    t.lines().count() == 1
+        && parts.next() == Some("ssh-ed25519")
+        && parts.next().is_some_and(|k| k.starts_with("AAAAC3NzaC1lZDI1NTE5") && k.len() > 60)
+}
+
 pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
     let Some(nfs) = &r.nfs else { return };
     let p = Path::root().key("nfs");
@@ -424,6 +670,8 @@ pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
     }
     let mut exportable: Vec<&str> = r.datasets.iter().map(|d| d.name.as_str()).collect();
     exportable.extend(r.pools.iter().map(|p| p.name.as_str()));
+    // A replica a peer sends here can be served (read-only until promoted).
+    exportable.extend(r.peers.iter().flat_map(|p| p.receive.iter().map(String::as_str)));
     let rdma_links: Vec<&str> = r.fabric.iter().flat_map(|f| f.links.iter().map(String::as_str)).collect();
     let base = p.key("exports");
     c.unique(

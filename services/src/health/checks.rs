@@ -331,6 +331,36 @@ pub fn evaluate(
         };
         put("memory.ecc".into(), severity, message);
     }
+    for r in &now.replication {
+        let id = format!("replication.{}.{}", r.dataset, r.peer);
+        let err = r.last_error.as_ref().map(|e| format!("; last error: {e}")).unwrap_or_default();
+        let limit = crate::snapshots::human_span(r.alert_after_seconds);
+        let (severity, message) = match r.lag_seconds {
+            Some(lag) if lag > r.alert_after_seconds => (
+                Warning,
+                format!(
+                    "replication {} → {}: {} behind (alert after {limit}){err}",
+                    r.dataset,
+                    r.peer,
+                    crate::snapshots::human_span(lag)
+                ),
+            ),
+            Some(lag) => {
+                (Ok, format!("replication {} → {}: {} behind", r.dataset, r.peer, crate::snapshots::human_span(lag)))
+            }
+            None if r.trying_seconds > r.alert_after_seconds => (
+                Warning,
+                format!(
+                    "replication {} → {}: nothing sent in {}{err}",
+                    r.dataset,
+                    r.peer,
+                    crate::snapshots::human_span(r.trying_seconds)
+                ),
+            ),
+            None => (Ok, format!("replication {} → {}: first send pending", r.dataset, r.peer)),
+        };
+        put(id, severity, message);
+    }
     out
 }
 
@@ -448,6 +478,7 @@ mod tests {
             }),
             services: Ok(vec![ServiceObs { name: "nfs".into(), state: "running".into(), restarts: 0 }]),
             cpu_celsius: None,
+            replication: Vec::new(),
             ecc: None,
         }
     }
@@ -565,5 +596,40 @@ mod tests {
         // Without a previous round, counters are a baseline, not an alarm.
         let first = evaluate(&limits(), &members, &o, None);
         assert_eq!(sev(&first, "rdma.rxe0/1.loss").map(|c| *c.0), Some(Severity::Ok));
+    }
+
+    #[test]
+    fn replication_lag_past_its_threshold_is_a_warning_that_names_the_last_error() {
+        let job = |lag: Option<u64>, trying: u64, err: Option<&str>| super::super::observe::ReplicationObs {
+            dataset: "tank/train".into(),
+            peer: "dr".into(),
+            lag_seconds: lag,
+            trying_seconds: trying,
+            alert_after_seconds: 180,
+            last_error: err.map(String::from),
+            total_bytes: 0,
+        };
+        let run = |r| {
+            let mut o = obs();
+            o.replication = vec![r];
+            evaluate(&limits(), &[], &o, None)
+        };
+        let c = run(job(Some(60), 0, None));
+        assert_eq!(
+            sev(&c, "replication.tank/train.dr"),
+            Some((&Severity::Ok, "replication tank/train → dr: 1m behind"))
+        );
+        let c = run(job(Some(420), 0, Some("`state tank/train` on 10.77.0.2: connection timed out")));
+        let (s, m) = sev(&c, "replication.tank/train.dr").expect("check");
+        assert_eq!(*s, Severity::Warning);
+        assert!(m.contains("7m behind (alert after 3m); last error: `state tank/train`"), "{m}");
+        let c = run(job(None, 60, Some("unreachable")));
+        assert_eq!(sev(&c, "replication.tank/train.dr").map(|x| *x.0), Some(Severity::Ok), "not yet late");
+        let c = run(job(None, 600, Some("unreachable")));
+        let (s, m) = sev(&c, "replication.tank/train.dr").expect("check");
+        assert_eq!(
+            (*s, m),
+            (Severity::Warning, "replication tank/train → dr: nothing sent in 10m; last error: unreachable")
+        );
     }
 }

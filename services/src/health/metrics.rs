@@ -217,6 +217,18 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
         s.counter("nasos_memory_ecc_corrected_errors", "Corrected memory errors (EDAC)", vec![], ce);
         s.counter("nasos_memory_ecc_uncorrected_errors", "Uncorrected memory errors (EDAC)", vec![], ue);
     }
+    for r in &o.replication {
+        let l = || vec![("dataset", r.dataset.clone()), ("peer", r.peer.clone())];
+        if let Some(lag) = r.lag_seconds {
+            s.gauge(
+                "nasos_replication_lag_seconds",
+                "Age of the newest snapshot this box and the peer both hold",
+                l(),
+                lag as f64,
+            );
+        }
+        s.counter("nasos_replication_sent_bytes", "Bytes sent to the peer for this dataset", l(), r.total_bytes);
+    }
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_text::encode(&mut out, &s.registry);
@@ -330,6 +342,15 @@ mod tests {
             }),
             services: Ok(vec![ServiceObs { name: "nfs".into(), state: "running".into(), restarts: 1 }]),
             cpu_celsius: Some(55.0),
+            replication: vec![super::super::observe::ReplicationObs {
+                dataset: "tank/train".into(),
+                peer: "dr".into(),
+                lag_seconds: Some(90),
+                trying_seconds: 0,
+                alert_after_seconds: 480,
+                last_error: None,
+                total_bytes: 64 << 20,
+            }],
             ecc: Some((1, 0)),
         };
         let checks = vec![

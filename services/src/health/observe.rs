@@ -28,6 +28,23 @@ pub struct Observation {
     pub cpu_celsius: Option<f64>,
     /// EDAC memory error counts (corrected, uncorrected), `None` without an EDAC driver.
     pub ecc: Option<(u64, u64)>,
+    /// Each dataset this box sends to a peer, from the replication agent's record.
+    #[serde(default)]
+    pub replication: Vec<ReplicationObs>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicationObs {
+    pub dataset: String,
+    pub peer: String,
+    /// Age of the newest snapshot both boxes hold; `None` before the first send.
+    pub lag_seconds: Option<u64>,
+    /// How long the job has tried without ever getting a snapshot across (0: it has, or has
+    /// not tried yet).
+    pub trying_seconds: u64,
+    pub alert_after_seconds: u64,
+    pub last_error: Option<String>,
+    pub total_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,7 +124,33 @@ pub fn observe(plan: &Plan, services: Result<Vec<ServiceObs>, String>) -> Observ
         services,
         cpu_celsius: cpu_celsius(sys),
         ecc: ecc(sys),
+        replication: replication(plan),
     }
+}
+
+fn replication(plan: &Plan) -> Vec<ReplicationObs> {
+    let st = nasos_layout::state::State::mounted();
+    let now = crate::unix_now();
+    plan.replication
+        .jobs
+        .iter()
+        .map(|j| {
+            let s = crate::replication::state::read(&st, &j.dataset, &j.peer).unwrap_or_default();
+            ReplicationObs {
+                dataset: j.dataset.clone(),
+                peer: j.peer.clone(),
+                lag_seconds: s.lag(now),
+                trying_seconds: if s.common.is_none() && s.first_attempt > 0 {
+                    now.saturating_sub(s.first_attempt)
+                } else {
+                    0
+                },
+                alert_after_seconds: j.lag_alert_seconds,
+                last_error: s.last_error,
+                total_bytes: s.total_bytes,
+            }
+        })
+        .collect()
 }
 
 /// Each bay of the plan, by the name udev gave it.

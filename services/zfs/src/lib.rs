@@ -12,6 +12,7 @@ use indexmap::IndexMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod snapshot;
 pub mod summary;
 
 /// The JSON output version these types describe (OpenZFS 2.3: 0.1).
@@ -182,6 +183,11 @@ pub struct Dataset {
     pub pool: String,
     #[serde(default)]
     pub createtxg: Option<u64>,
+    /// For a snapshot: the dataset it is of, and its name after the `@`.
+    #[serde(default)]
+    pub dataset: Option<String>,
+    #[serde(default)]
+    pub snapshot_name: Option<String>,
     #[serde(default)]
     pub properties: BTreeMap<String, Property>,
 }
@@ -227,7 +233,7 @@ pub fn parse_datasets(json: &str) -> Result<DatasetList, Error> {
     parse("zfs list", json)
 }
 
-fn run(program: &str, args: &[&str]) -> Result<String, Error> {
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, Error> {
     Ok(nasos_exec::run(program, args)?)
 }
 

@@ -111,3 +111,27 @@ fn a_hot_spare_at_work_says_whom_it_stands_in_for() {
         ]
     );
 }
+
+/// zfs 2.3.9 in qemu-dev after `zfs snapshot tank/train@a; zfs snapshot -r tank@b; zfs hold keep
+/// tank/train@a`.
+const SNAPSHOTS: &str = include_str!("fixtures/zfs-list-snapshots.json");
+
+#[test]
+fn snapshots_are_typed_with_their_dataset_guid_time_and_holds() {
+    use nasos_zfs::snapshot::{parse_holds, parse_list};
+    let s = parse_list(SNAPSHOTS).expect("parses");
+    let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["tank@b", "tank/scratch@b", "tank/train@a", "tank/train@b"], "by dataset, oldest first");
+    let a = &s[2];
+    assert_eq!((a.dataset.as_str(), a.short.as_str()), ("tank/train", "a"));
+    assert_eq!((a.creation, a.txg), (1796161666, 88));
+    assert_eq!(a.userrefs, 1, "held once");
+    assert_eq!(s[3].userrefs, 0);
+    assert!(s.iter().all(|s| s.guid > 1 << 53), "guids are full 64-bit numbers here");
+    assert_eq!(s[0].referenced, 196416);
+    // As `zfs holds -H -p tank/train@a tank/train@b` printed it.
+    let h = parse_holds("tank/train@a\tkeep\t1796161668\n");
+    assert_eq!(h.len(), 1);
+    assert_eq!((h[0].snapshot.as_str(), h[0].tag.as_str(), h[0].since), ("tank/train@a", "keep", 1796161668));
+    assert!(parse_holds("garbage\n\n").is_empty());
+}

@@ -238,7 +238,7 @@ fn reference_boot(dir: &Path, img: &Path) -> f64 {
 }
 
 fn link(dir: &Path) -> Link {
-    Link { port: "roce0".into(), socket: dir.join("net.sock"), listen: true }
+    Link { port: "roce0".into(), socket: dir.join("net.sock"), listen: true, more: Vec::new() }
 }
 
 /// One appliance boot from a copy of the warm box: (uptime at serving, uptime at ready, the

@@ -18,7 +18,7 @@ use nasos_tests::{build_binaries, nasos, ok, poll, recipe_variant, repo};
 const MEMORY: u32 = 2048;
 
 fn link(dir: &Path) -> Link {
-    Link { port: "roce0".into(), socket: dir.join("net.sock"), listen: true }
+    Link { port: "roce0".into(), socket: dir.join("net.sock"), listen: true, more: Vec::new() }
 }
 
 /// Boots (again) and waits until ready; returns the VM and the version it runs, or why not.

@@ -1,0 +1,155 @@
+//! Snapshots and user holds: listing them typed (`zfs list -t snapshot -j`, `zfs holds -H -p`)
+//! and the operations on them, each one `zfs` command.
+
+use crate::{Error, parse, run};
+
+/// One snapshot, as `zfs list -t snapshot -j --json-int -p` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// `tank/train@auto-20261201T2145Z-hourly`.
+    pub name: String,
+    pub dataset: String,
+    /// The part after the `@`.
+    pub short: String,
+    /// Unique in the pool and kept by `zfs send`/`receive`: what says two boxes hold the same
+    /// snapshot, whatever it is called.
+    pub guid: u64,
+    /// Seconds since the epoch.
+    pub creation: u64,
+    /// The transaction group it was taken in: orders snapshots taken in the same second.
+    pub txg: u64,
+    /// Bytes only this snapshot holds (what destroying it frees).
+    pub used: u64,
+    pub referenced: u64,
+    /// How many user holds it has (`zfs hold`); a held snapshot cannot be destroyed.
+    pub userrefs: u64,
+}
+
+/// The properties [`list`] asks for.
+const PROPS: &str = "name,guid,creation,used,referenced,userrefs";
+
+/// Reads `zfs list -t snapshot -j --json-int -p -o name,guid,creation,used,referenced,userrefs`,
+/// oldest first within each dataset (by transaction group).
+pub fn parse_list(json: &str) -> Result<Vec<Snapshot>, Error> {
+    let list: crate::DatasetList = parse("zfs list -t snapshot", json)?;
+    let mut out: Vec<Snapshot> = list
+        .datasets
+        .into_values()
+        .filter(|d| d.kind == "SNAPSHOT")
+        .map(|d| {
+            let num = |p: &str| d.value(p).and_then(crate::Value::as_u64).unwrap_or(0);
+            let (dataset, short) = match (&d.dataset, &d.snapshot_name) {
+                (Some(ds), Some(s)) => (ds.clone(), s.clone()),
+                _ => {
+                    let (ds, s) = d.name.split_once('@').unwrap_or((d.name.as_str(), ""));
+                    (ds.to_string(), s.to_string())
+                }
+            };
+            Snapshot {
+                guid: num("guid"),
+                creation: num("creation"),
+                txg: d.createtxg.unwrap_or(0),
+                used: num("used"),
+                referenced: num("referenced"),
+                userrefs: num("userrefs"),
+                name: d.name,
+                dataset,
+                short,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.dataset, a.txg, a.creation, &a.name).cmp(&(&b.dataset, b.txg, b.creation, &b.name)));
+    Ok(out)
+}
+
+/// The snapshots of `datasets` (only their own with `recursive` false, theirs and every
+/// descendant's with true); every snapshot of every pool when `datasets` is empty.
+pub fn list(datasets: &[&str], recursive: bool) -> Result<Vec<Snapshot>, Error> {
+    let mut args = vec!["list", "-t", "snapshot", "-j", "--json-int", "-p", "-o", PROPS];
+    if !datasets.is_empty() {
+        args.push(if recursive { "-r" } else { "-d1" });
+        args.extend(datasets);
+    }
+    parse_list(&run("zfs", &args)?)
+}
+
+/// One user hold on a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub snapshot: String,
+    pub tag: String,
+    /// When it was placed, seconds since the epoch.
+    pub since: u64,
+}
+
+/// Reads `zfs holds -H -p` (tab-separated: snapshot, tag, time); ZFS 2.3 has no JSON for holds.
+pub fn parse_holds(text: &str) -> Vec<Hold> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split('\t');
+            let snapshot = f.next()?.trim();
+            let tag = f.next()?.trim();
+            let since = f.next()?.trim().parse().ok()?;
+            (!snapshot.is_empty() && !tag.is_empty()).then(|| Hold {
+                snapshot: snapshot.to_string(),
+                tag: tag.to_string(),
+                since,
+            })
+        })
+        .collect()
+}
+
+/// The holds on `snapshots`.
+pub fn holds(snapshots: &[&str]) -> Result<Vec<Hold>, Error> {
+    if snapshots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut args = vec!["holds", "-H", "-p"];
+    args.extend(snapshots);
+    Ok(parse_holds(&run("zfs", &args)?))
+}
+
+fn r(recursive: bool) -> Option<&'static str> {
+    recursive.then_some("-r")
+}
+
+/// `zfs snapshot [-r] NAME`: with `recursive`, of the dataset and every descendant, atomically.
+pub fn create(name: &str, recursive: bool) -> Result<(), Error> {
+    let mut args = vec!["snapshot"];
+    args.extend(r(recursive));
+    args.push(name);
+    run("zfs", &args).map(drop)
+}
+
+/// `zfs destroy [-r] NAME` of one snapshot (and, recursive, the same-named ones below).
+pub fn destroy(name: &str, recursive: bool) -> Result<(), Error> {
+    let mut args = vec!["destroy"];
+    args.extend(r(recursive));
+    args.push(name);
+    run("zfs", &args).map(drop)
+}
+
+/// `zfs hold [-r] TAG NAME`.
+pub fn hold(tag: &str, name: &str, recursive: bool) -> Result<(), Error> {
+    let mut args = vec!["hold"];
+    args.extend(r(recursive));
+    args.extend([tag, name]);
+    run("zfs", &args).map(drop)
+}
+
+/// `zfs release [-r] TAG NAME`.
+pub fn release(tag: &str, name: &str, recursive: bool) -> Result<(), Error> {
+    let mut args = vec!["release"];
+    args.extend(r(recursive));
+    args.extend([tag, name]);
+    run("zfs", &args).map(drop)
+}
+
+/// `zfs rollback [-r] NAME`: with `destroy_later`, the snapshots taken after it are destroyed
+/// (ZFS refuses to roll back past them otherwise).
+pub fn rollback(name: &str, destroy_later: bool) -> Result<(), Error> {
+    let mut args = vec!["rollback"];
+    args.extend(r(destroy_later));
+    args.push(name);
+    run("zfs", &args).map(drop)
+}
