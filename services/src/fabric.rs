@@ -129,10 +129,37 @@ fn apply_dcb(net: &Path, link: &str, fabric: &FabricPlan) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// How long a NIC may wait for udev to handle it.
+const UDEV_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether udev has handled interface `name`: its database has the entry for the interface's
+/// index (`/run/udev/data/nIFINDEX`). Waits up to [`UDEV_WAIT`].
+fn wait_for_udev(net: &Path, name: &str) -> bool {
+    let Ok(index) = std::fs::read_to_string(net.join(name).join("ifindex")) else { return false };
+    let db = Path::new("/run/udev/data").join(format!("n{}", index.trim()));
+    let deadline = std::time::Instant::now() + UDEV_WAIT;
+    while std::time::Instant::now() < deadline {
+        if db.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
 /// Finds the interface for a link, renames it, and configures it.
 fn bring_up(net: &Path, link: &LinkPlan) -> anyhow::Result<()> {
-    let current = find_interface(net, link)
-        .with_context(|| format!("no interface matches link {} (port {})", link.name, link.port))?;
+    let found = || {
+        find_interface(net, link)
+            .with_context(|| format!("no interface matches link {} (port {})", link.name, link.port))
+    };
+    // udev renames a new NIC by its naming policy when it handles the NIC's add event. Renamed
+    // before that, the NIC loses its link name again once udev gets to the event (seen with three
+    // VMs booting on two cores): wait until udev has handled it, then find it again by address.
+    if !wait_for_udev(net, &found()?) {
+        say(format!("{}: udev has not handled the NIC after {UDEV_WAIT:?}; renaming it anyway", link.name));
+    }
+    let current = found()?;
     if current != link.name {
         run("ip", &["link", "set", "dev", &current, "down"])?;
         run("ip", &["link", "set", "dev", &current, "name", &link.name])?;

@@ -744,8 +744,15 @@ fn replicated() {
         assert!(there.contains(&sum), "the DR twin does not hold the file after {:?}: {there}", written.elapsed());
         eprintln!("written to replicated: {:.1}s", written.elapsed().as_secs_f64());
         assert_eq!(ok(dr, "zfs get -H -o value readonly tank/train").trim(), "on", "a replica is read-only");
-        let job = repl_job(&mut pair.nas);
-        assert!(job["state"]["total_bytes"].as_u64().is_some_and(|b| b > 64 << 20), "{job}");
+        // The sender records the round once its holds and the twin's pruning are done too.
+        let sent = |job: &serde_json::Value| job["state"]["total_bytes"].as_u64().is_some_and(|b| b > 64 << 20);
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        let mut job = repl_job(&mut pair.nas);
+        while !sent(&job) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_secs(3));
+            job = repl_job(&mut pair.nas);
+        }
+        assert!(sent(&job), "{job}");
         assert!(job["lag_seconds"].as_u64().is_some_and(|l| l < 180), "{job}");
         ("job/big".to_string(), sum)
     });
@@ -786,8 +793,14 @@ fn link_cut_resumes() {
             Duration::from_secs(150),
         );
         assert!(there.contains(&sum), "{there}");
-        let job = repl_job(&mut pair.nas);
-        assert!(job["state"]["resumed"].as_u64().is_some_and(|n| n >= 1), "{job}");
+        // Recorded once the round's holds and pruning are done.
+        let job = poll_until(
+            &mut pair.nas,
+            "nasctl replication --json",
+            |o| !o.contains("\"resumed\": 0"),
+            Duration::from_secs(90),
+        );
+        assert!(json(&job)["jobs"][0]["state"]["resumed"].as_u64().is_some_and(|n| n >= 1), "{job}");
     });
 }
 
@@ -804,7 +817,7 @@ fn common_held() {
         assert!(code != 0 && out.contains("held by nasos-repl-to-dr"), "{out}");
         let dr = dr(pair);
         // The twin may have received a newer one meanwhile; it holds its newest.
-        let holds = ok(dr, "zfs holds -rH tank/train | grep nasos-repl-from-primary");
+        let holds = ok(dr, "zfs list -H -t snapshot -o name -d1 tank/train | xargs zfs holds -H | grep nasos-repl-from-primary");
         assert!(holds.contains("repl-dr-"), "{holds}");
         // Only the peer's key, only the forced command, only its dataset.
         let ssh = "ssh -i /run/nasos/replication/identity -o UserKnownHostsFile=/run/nasos/replication/known_hosts -o BatchMode=yes -o StrictHostKeyChecking=yes root@10.77.0.2";

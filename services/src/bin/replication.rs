@@ -6,6 +6,7 @@ fn main() -> std::process::ExitCode {
     nasos_services::main("replication", &["run", "sshd", "serve"], |verb| match verb {
         "run" => replication::run(),
         "sshd" => replication::sshd(),
-        _ => replication::serve::serve(),
+        // The peer reads why a request failed from ssh's stderr.
+        _ => replication::serve::serve().inspect_err(|e| eprintln!("nasos-replication on this box: {e:#}")),
     })
 }

@@ -275,19 +275,14 @@ fn pipe(args: &[&str], ssh: &Ssh, target: &str, limit: Option<u64>) -> anyhow::R
     drop(from);
     let r = recv.wait_with_output().context("waiting for ssh")?;
     let s = send.wait_with_output().context("waiting for zfs send")?;
+    let tail = |b: &[u8]| nasos_exec::last_lines(&String::from_utf8_lossy(b), 3);
+    // The peer's side first: when the connection breaks, zfs send fails too (a broken pipe),
+    // and what ssh says is the cause.
     if !r.status.success() {
-        bail!(
-            "receiving on the peer failed after {}: {}",
-            mib(moved),
-            nasos_exec::last_lines(&String::from_utf8_lossy(&r.stderr), 3)
-        );
+        bail!("receiving on the peer failed after {}: {}", mib(moved), tail(&r.stderr));
     }
     if !s.status.success() {
-        bail!(
-            "zfs send failed after {}: {}",
-            mib(moved),
-            nasos_exec::last_lines(&String::from_utf8_lossy(&s.stderr), 3)
-        );
+        bail!("zfs send failed after {}: {}", mib(moved), tail(&s.stderr));
     }
     copied.with_context(|| format!("the send stopped after {}", mib(moved)))?;
     Ok(moved)

@@ -108,6 +108,10 @@ pub struct Vdev {
     pub vdevs: IndexMap<String, Vdev>,
 }
 
+fn number_or_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(Option::<Value>::deserialize(d)?.and_then(|v| v.as_u64()))
+}
+
 fn unknown() -> String {
     "UNKNOWN".to_string()
 }
@@ -181,7 +185,8 @@ pub struct Dataset {
     #[serde(rename = "type")]
     pub kind: String,
     pub pool: String,
-    #[serde(default)]
+    /// A number with `--json-int`, text without it.
+    #[serde(default, deserialize_with = "number_or_text")]
     pub createtxg: Option<u64>,
     /// For a snapshot: the dataset it is of, and its name after the `@`.
     #[serde(default)]

@@ -28,8 +28,12 @@ pub struct Snapshot {
 /// The properties [`list`] asks for.
 const PROPS: &str = "name,guid,creation,used,referenced,userrefs";
 
-/// Reads `zfs list -t snapshot -j --json-int -p -o name,guid,creation,used,referenced,userrefs`,
-/// oldest first within each dataset (by transaction group).
+/// Reads `zfs list -t snapshot -j -p -o name,guid,creation,used,referenced,userrefs`, oldest
+/// first within each dataset (by transaction group).
+///
+/// Not `--json-int`: zfs 2.3 prints property values as signed 64-bit numbers then, and a GUID
+/// of 2^63 or more comes out as 9223372036854775807 — every such snapshot would look like the
+/// same one. `-p` alone prints each number exactly, as text.
 pub fn parse_list(json: &str) -> Result<Vec<Snapshot>, Error> {
     let list: crate::DatasetList = parse("zfs list -t snapshot", json)?;
     let mut out: Vec<Snapshot> = list
@@ -65,7 +69,7 @@ pub fn parse_list(json: &str) -> Result<Vec<Snapshot>, Error> {
 /// The snapshots of `datasets` (only their own with `recursive` false, theirs and every
 /// descendant's with true); every snapshot of every pool when `datasets` is empty.
 pub fn list(datasets: &[&str], recursive: bool) -> Result<Vec<Snapshot>, Error> {
-    let mut args = vec!["list", "-t", "snapshot", "-j", "--json-int", "-p", "-o", PROPS];
+    let mut args = vec!["list", "-t", "snapshot", "-j", "-p", "-o", PROPS];
     if !datasets.is_empty() {
         args.push(if recursive { "-r" } else { "-d1" });
         args.extend(datasets);

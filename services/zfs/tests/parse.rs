@@ -113,22 +113,29 @@ fn a_hot_spare_at_work_says_whom_it_stands_in_for() {
 }
 
 /// zfs 2.3.9 in qemu-dev after `zfs snapshot tank/train@a; zfs snapshot -r tank@b; zfs hold keep
-/// tank/train@a`.
+/// tank/train@a`, with the policy's first snapshots (`zfs list -t snapshot -j -p`, no
+/// `--json-int`).
 const SNAPSHOTS: &str = include_str!("fixtures/zfs-list-snapshots.json");
 
 #[test]
-fn snapshots_are_typed_with_their_dataset_guid_time_and_holds() {
+fn snapshots_are_typed_with_their_dataset_exact_guid_time_and_holds() {
     use nasos_zfs::snapshot::{parse_holds, parse_list};
     let s = parse_list(SNAPSHOTS).expect("parses");
-    let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["tank@b", "tank/scratch@b", "tank/train@a", "tank/train@b"], "by dataset, oldest first");
-    let a = &s[2];
-    assert_eq!((a.dataset.as_str(), a.short.as_str()), ("tank/train", "a"));
-    assert_eq!((a.creation, a.txg), (1796161666, 88));
-    assert_eq!(a.userrefs, 1, "held once");
-    assert_eq!(s[3].userrefs, 0);
-    assert!(s.iter().all(|s| s.guid > 1 << 53), "guids are full 64-bit numbers here");
-    assert_eq!(s[0].referenced, 196416);
+    let train: Vec<&str> = s.iter().filter(|x| x.dataset == "tank/train").map(|x| x.short.as_str()).collect();
+    assert_eq!(
+        train,
+        ["auto-20261201T224604Z-frequently", "auto-20261201T224604Z-hourly", "auto-20261201T224604Z-daily", "a", "b"],
+        "oldest first, by transaction group"
+    );
+    let a = s.iter().find(|x| x.name == "tank/train@a").expect("a");
+    assert_eq!((a.creation, a.txg, a.userrefs), (1796165197, 42, 1));
+    // Above 2^63: with --json-int zfs prints 9223372036854775807 for every such GUID.
+    assert_eq!(a.guid, 13873869579172968543);
+    let mut guids: Vec<u64> = s.iter().map(|x| x.guid).collect();
+    guids.sort();
+    guids.dedup();
+    assert_eq!(guids.len(), s.len(), "every snapshot has its own GUID");
+    assert_eq!(s[0].referenced, 174528);
     // As `zfs holds -H -p tank/train@a tank/train@b` printed it.
     let h = parse_holds("tank/train@a\tkeep\t1796161668\n");
     assert_eq!(h.len(), 1);
