@@ -147,6 +147,9 @@ enum Replication {
     Key,
     /// Make a replica here writable for a failover; it takes no more sends from its peer.
     Promote { dataset: String },
+    /// Send every replicated dataset now, not at its next scheduled round (e.g. before
+    /// maintenance); `nasctl logs replication -f` shows it.
+    Send,
 }
 
 #[derive(Subcommand)]
@@ -229,6 +232,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         Command::Rollback { snapshot, yes } => return rollback(&snapshot, yes),
         Command::Replication { what: None } => return show_replication(json),
+        Command::Replication { what: Some(Replication::Send) } => {}
         Command::Replication { what: Some(Replication::Key) } => {
             println!("{}", nasos_services::replication::identity_public()?);
             return Ok(());
@@ -327,6 +331,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Debug { what: Debug::Freeze } => {
             client.debug_freeze().await?;
             println!("nasinit's loop is frozen; the watchdog resets the box when its timeout passes");
+        }
+        Command::Replication { what: Some(Replication::Send) } => {
+            let list = client.services().await?;
+            let pid = list.iter().find(|s| s.name == "replication").map_or(0, |s| s.pid);
+            if pid == 0 {
+                anyhow::bail!("the replication service is not running (this box sends nothing, or it stopped)");
+            }
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).context("pid")?);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1)
+                .context("signalling the replication service")?;
+            println!("asked the replication service for a round now; `nasctl logs replication -f` shows it");
         }
         Command::Upgrade { what: Upgrade::Apply { source, reboot: true } } => {
             apply_upgrade(&source)?;

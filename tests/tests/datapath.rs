@@ -44,7 +44,6 @@ fn main() -> ExitCode {
     s.check("nfs::rdma_and_tcp_round_trip_with_root_squash", round_trip);
     s.check("nfs::a_restarted_nfsd_gets_its_rdma_listener_back", nfsd_restart);
     s.check("nfs::an_unmounted_dataset_is_not_exported", unmounted_not_exported);
-    s.check("snapshots::a_file_the_client_deleted_is_read_back_from_zfs_snapshot_over_rdma", restore_from_snapshot);
     s.check("replication::a_64_mib_file_reaches_the_dr_twin_with_the_same_sha256_within_two_intervals", replicated);
     s.check("replication::a_link_cut_mid_send_resumes_from_its_token_and_ends_equal", link_cut_resumes);
     s.check("replication::the_common_snapshot_is_held_on_both_sides_and_only_the_peer_key_gets_in", common_held);
@@ -55,6 +54,8 @@ fn main() -> ExitCode {
     s.check("upgrade::a_bundle_served_over_http_by_the_client_is_applied", http_apply);
     s.check("lifecycle::ctrl_alt_del_is_an_orderly_reboot", ctrl_alt_del);
     s.check("upgrade::the_box_runs_0_2_0_blessed_with_its_pool_identity_and_exports", upgraded);
+    // Minutes after the client wrote its files, with reboots between: a frequent snapshot has them.
+    s.check("snapshots::a_file_the_client_deleted_is_read_back_from_zfs_snapshot_over_rdma", restore_from_snapshot);
     s.check("health::a_pulled_bay_is_named_within_10s_on_every_channel", pulled_bay);
     s.check("health::a_hot_spare_takes_over_the_pulled_bay_without_a_command", hot_spare);
     s.check("health::an_nvme_critical_warning_is_critical_for_its_bay", critical_warning);
@@ -575,8 +576,10 @@ fn second_pull_during_reads() {
         );
         std::thread::sleep(Duration::from_secs(1));
         nas.pull_bay(8).expect("pull BAY08");
-        nas.wait_for("health: CRITICAL BAY08: drive missing (a member of pool tank)", Duration::from_secs(10))
-            .expect("the second pulled bay on the console within 10 s");
+        // Named by the first pull's check within 10 s; here the box is also serving the reads and
+        // sending the file just written to its DR twin, three VMs on two cores: give it 30.
+        nas.wait_for("health: CRITICAL BAY08: drive missing (a member of pool tank)", Duration::from_secs(30))
+            .expect("the second pulled bay on the console within 30 s");
         let reads = poll(gpu, "cat /tmp/reads.txt", "READS-DONE", Duration::from_secs(180));
         let sums: Vec<&str> = reads.lines().filter(|l| !l.contains("READS-DONE")).collect();
         assert_eq!(sums.len(), 3, "{reads}");
@@ -771,6 +774,8 @@ fn link_cut_resumes() {
         ok(gpu, "umount /tmp/mnt-repl");
         let sends = |nas: &mut nasos_qemu::Vm| ok(nas, "nasctl logs replication -n 500").matches("sending").count();
         let before = sends(nas);
+        // Now, not at the next minute.
+        assert!(ok(nas, "nasctl replication send").contains("asked the replication service for a round now"));
         let started = poll_until(
             nas,
             "nasctl logs replication -n 500",
@@ -780,7 +785,8 @@ fn link_cut_resumes() {
         assert!(started.matches("sending").count() > before, "no send started: {started}");
         std::thread::sleep(Duration::from_secs(3));
         nas.set_link(0, false).expect("pull the cable");
-        std::thread::sleep(Duration::from_secs(20));
+        // Long enough for the sender's keepalive (3 × 3 s) to give up.
+        std::thread::sleep(Duration::from_secs(12));
         nas.set_link(0, true).expect("put the cable back");
         let log =
             poll(nas, "nasctl logs replication -n 500", "resuming the interrupted send", Duration::from_secs(200));
@@ -865,8 +871,18 @@ fn late_replica() {
         let job =
             poll_until(nas, "nasctl replication --json", |o| o.contains("was promoted on dr"), Duration::from_secs(90));
         assert!(job.contains("was promoted on dr"), "{job}");
-        let health = poll(nas, "nasctl health", "replication tank/train → dr:", Duration::from_secs(200));
-        assert!(health.contains("WARNING") && health.contains("behind (alert after 2m)"), "{health}");
+        // The health agent's current round (alerts from earlier, transient lags while the box
+        // rebooted above, are in the history and do not count here).
+        let warned = |out: &str| {
+            let v = json(out);
+            v["report"]["checks"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["id"] == "replication.tank/train.dr" && c["severity"] == "warning"))
+        };
+        let out = poll_until(nas, "nasctl health --json -n 0", warned, Duration::from_secs(200));
+        assert!(warned(&out), "{out}");
+        let check = ok(nas, "nasctl health");
+        assert!(check.contains("replication tank/train → dr:") && check.contains("behind (alert after 2m)"), "{check}");
         let job = repl_job(nas);
         assert!(job["lag_seconds"].as_u64().is_some_and(|l| l > 120), "{job}");
         assert_eq!(job["lag_alert_seconds"].as_u64(), Some(120), "{job}");
@@ -900,23 +916,25 @@ fn held_snapshot() {
 /// rollback that is not confirmed changes nothing, a confirmed one brings the old file back, one
 /// past a held snapshot is refused and destroys nothing.
 fn manual_and_rollback() {
+    // The pool's root dataset: no policy and no replication takes snapshots of it, so none can
+    // come between (tank/train's would be destroyed by the rollback, or refuse it when held).
     PAIR.with(|Pair { nas, .. }| {
-        ok(nas, "echo before > /export/tank/train/note");
-        let out = ok(nas, "nasctl snapshot tank/train before-change");
-        assert!(out.contains("took tank/train@before-change"), "{out}");
-        ok(nas, "echo after > /export/tank/train/note");
-        let (out, code) = nas.run("nasctl snapshot tank/train auto-mine", Duration::from_secs(60)).expect("snapshot");
+        ok(nas, "echo before > /export/tank/note");
+        let out = ok(nas, "nasctl snapshot tank before-change");
+        assert!(out.contains("took tank@before-change"), "{out}");
+        ok(nas, "echo after > /export/tank/note");
+        let (out, code) = nas.run("nasctl snapshot tank auto-mine", Duration::from_secs(60)).expect("snapshot");
         assert!(code != 0 && out.contains("belong to the snapshot policy"), "{out}");
         let (out, code) =
-            nas.run("echo no | nasctl rollback tank/train@before-change", Duration::from_secs(60)).expect("rollback");
+            nas.run("echo no | nasctl rollback tank@before-change", Duration::from_secs(60)).expect("rollback");
         assert!(code != 0 && out.contains("not confirmed: nothing was changed"), "{out}");
-        assert!(out.contains("Type the dataset's name (tank/train)"), "{out}");
-        assert_eq!(ok(nas, "cat /export/tank/train/note").trim(), "after");
-        let out = ok(nas, "echo tank/train | nasctl rollback tank/train@before-change");
-        assert!(out.contains("rolled back to tank/train@before-change"), "{out}");
-        assert_eq!(ok(nas, "cat /export/tank/train/note").trim(), "before");
-        ok(nas, "rm /export/tank/train/note");
-        assert!(ok(nas, "nasctl destroy tank/train@before-change").contains("destroyed tank/train@before-change"));
+        assert!(out.contains("Type the dataset's name (tank)"), "{out}");
+        assert_eq!(ok(nas, "cat /export/tank/note").trim(), "after");
+        let out = ok(nas, "echo tank | nasctl rollback tank@before-change");
+        assert!(out.contains("rolled back to tank@before-change"), "{out}");
+        assert_eq!(ok(nas, "cat /export/tank/note").trim(), "before");
+        ok(nas, "rm /export/tank/note");
+        assert!(ok(nas, "nasctl destroy tank@before-change").contains("destroyed tank@before-change"));
         // Past a held snapshot, a rollback is refused before anything changes.
         ok(nas, "nasctl snapshot tank/scratch old && nasctl snapshot tank/scratch pinned --hold 10m");
         let (out, code) = nas.run("nasctl rollback tank/scratch@old --yes", Duration::from_secs(60)).expect("rollback");
@@ -970,7 +988,8 @@ fn held_snapshots_go() {
             let until = s["held_until"].as_u64().unwrap_or(0);
             assert!(until + 70 > now && until < now + 250, "{s} should be gone or held");
         }
-        let log = ok(nas, "nasctl logs snapshots -n 1000");
+        // Released and pruned in whichever boot its time passed (the box rebooted since).
+        let log = ok(nas, &format!("cat /var/lib/nasos/boots/*/log/snapshots.log* | grep -F '{name}'"));
         assert!(log.contains(&format!("released {name}")) && log.contains(&format!("pruned {name}")), "{log}");
     });
 }

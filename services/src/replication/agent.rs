@@ -17,12 +17,16 @@ use nasos_zfs::snapshot as zsnap;
 use super::sshd::{RUN_DIR, identity};
 use super::state::{self, JobState};
 use super::{SNAP_PREFIX, Send, Snap, TargetState, hold_tag_to, plan_send, source_prune};
+use crate::signals::{Sig, Signals};
 use crate::{plan, run as tool, say, unix_now};
 
 /// Rounds start this long after the minute: after the snapshot policies' rounds.
 const AFTER_MINUTE: u64 = 8;
 
 pub fn run() -> anyhow::Result<()> {
+    // SIGUSR1 (`nasctl replication send`) starts a round of every job at once; taken first,
+    // before anything starts a thread.
+    let signals = Signals::take(&[Sig::SIGUSR1])?;
     let plan = plan()?;
     let r = &plan.replication;
     let key = identity(r)?;
@@ -42,11 +46,12 @@ pub fn run() -> anyhow::Result<()> {
     }
     let st = State::mounted();
     let mut last: Vec<Option<u64>> = vec![None; r.jobs.len()];
+    let mut asked = false;
     loop {
         let now = unix_now();
         for (i, job) in r.jobs.iter().enumerate() {
             let period = u64::from(job.every_minutes.max(1)) * 60;
-            if last[i].is_some_and(|t| t / period == now / period) {
+            if !asked && last[i].is_some_and(|t| t / period == now / period) {
                 continue;
             }
             last[i] = Some(now);
@@ -77,8 +82,13 @@ pub fn run() -> anyhow::Result<()> {
                 say(format!("recording {} → {}: {e}", job.dataset, job.peer));
             }
         }
+        asked = false;
         let next = (unix_now() / 60 + 1) * 60 + AFTER_MINUTE;
-        std::thread::sleep(Duration::from_secs(next.saturating_sub(unix_now()).clamp(1, 70)));
+        let wait = Duration::from_secs(next.saturating_sub(unix_now()).clamp(1, 62));
+        if let Ok(Some(Sig::SIGUSR1)) = signals.wait(wait) {
+            say("a round was asked for (nasctl replication send)");
+            asked = true;
+        }
     }
 }
 
