@@ -9,17 +9,17 @@ use nasos_layout::cmdline::RootArgs;
 use nasos_layout::entry;
 use nasos_layout::paths::initramfs as initrd_paths;
 
+use crate::archive::SOURCES;
 use crate::disk::{self, Guids, Layout};
 use crate::initramfs::{Cpio, Entry};
 use crate::lock::{self, Lock};
 use crate::root::{self, Binaries};
-use crate::rootfs::{self, Cache, SOURCE};
+use crate::rootfs::{self, Cache};
 use crate::stage::{Key, Stages, write_atomic};
 use crate::{host, uki, zfs};
 
 /// Bumped when a stage's own logic changes in a way its inputs do not show.
 const STAGE_LOGIC: &str = "nasos-build-2";
-const BOOT_EFI: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 const ESP_MIB: u64 = 96;
 const DATA_MIB: u64 = 256;
 const DEFAULT_SLOT_MIB: u64 = 1024;
@@ -64,7 +64,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let epoch = locked.as_ref().map_or_else(now_day, |l| l.epoch);
     let rootfs_key = |lock: Option<&Lock>| -> anyhow::Result<Key> {
         let mut k = Key::new("rootfs");
-        k.str(STAGE_LOGIC).str(SOURCE).str(&plan.packages.join(","));
+        k.str(STAGE_LOGIC).str(&SOURCES.join("\n")).str(&plan.packages.join(","));
         k.str(&lock.map(|l| l.to_toml()).transpose()?.unwrap_or_default());
         Ok(k)
     };
@@ -119,6 +119,9 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let initrd = opts.out.join("initrd.cpio");
     let vmlinuz = opts.out.join("vmlinuz");
     let verity_file = opts.out.join("verity.txt");
+    // The boot chain, from the image's own systemd-boot-efi (locked like every package).
+    let boot_efi = opts.out.join("systemd-bootx64.efi");
+    let stub = opts.out.join("linuxx64.efi.stub");
     let mut k = Key::new("root");
     k.str(STAGE_LOGIC).str(&tool).str(&key.hex()).str(&plan_json);
     for src in bins.all() {
@@ -130,7 +133,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             k.str(&m).file(&d.join(&m))?;
         }
     }
-    stages.run("root", &k, &[&root_img, &initrd, &vmlinuz, &verity_file], || {
+    stages.run("root", &k, &[&root_img, &initrd, &vmlinuz, &verity_file, &boot_efi, &stub], || {
         let tree = opts.out.join("tree");
         root::assemble(&tar, &tree, plan, &plan_json, &bins)?;
         if let Some(d) = &zfs_dir {
@@ -141,6 +144,10 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         initramfs(&tree, &kernel_release, plan, &bins.initramfs_init, &initrd)?;
         std::fs::copy(tree.join("boot").join(format!("vmlinuz-{kernel_release}")), &vmlinuz)
             .context("copying the kernel")?;
+        for (from, to) in [(uki::BOOT, &boot_efi), (uki::STUB, &stub)] {
+            std::fs::copy(tree.join(from), to)
+                .with_context(|| format!("copying /{from} out of the image (its systemd-boot-efi package)"))?;
+        }
         let tmp = crate::stage::tmp_path(&root_img);
         root::erofs(&tree, &tmp, epoch, &root::fixed_uuid(&k.hex()))?;
         let erofs_mib = mib(&tmp);
@@ -170,7 +177,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let cmdline = cmdline.join(" ");
     let uki_path = opts.out.join("nasos.efi");
     let mut k = Key::new("uki");
-    k.str(STAGE_LOGIC).str(&tool).str(&cmdline).file(&vmlinuz)?.file(&initrd)?.file(Path::new(uki::STUB))?;
+    k.str(STAGE_LOGIC).str(&tool).str(&cmdline).file(&vmlinuz)?.file(&initrd)?.file(&stub)?;
     stages.run("uki", &k, &[&uki_path], || {
         let cmd_file = opts.out.join("cmdline.txt");
         std::fs::write(&cmd_file, &cmdline)?;
@@ -180,7 +187,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             format!("NAME=\"nasos\"\nID=nasos\nVERSION_ID={v}\nPRETTY_NAME=\"nasos {v} ({n})\"\nIMAGE_ID={n}\nIMAGE_VERSION={v}\n", v = plan.image.version, n = plan.image.name),
         )?;
         let tmp = crate::stage::tmp_path(&uki_path);
-        uki::build(Path::new(uki::STUB), &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel: &vmlinuz, initrd: &initrd }, &tmp, epoch)?;
+        uki::build(&stub, &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel: &vmlinuz, initrd: &initrd }, &tmp, epoch)?;
         std::fs::rename(&tmp, &uki_path)?;
         Ok(format!("{} MiB", mib(&uki_path)))
     })?;
@@ -195,9 +202,9 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let entry = entry::blessed_path(&plan.image.version);
     let mut k = Key::new("disk");
     k.str(STAGE_LOGIC).str(&tool).str(&entry).str(&format!("{ESP_MIB}/{slot_mib}/{DATA_MIB}/{epoch}"));
-    k.file(&uki_path)?.file(&root_img)?.file(Path::new(BOOT_EFI))?;
+    k.file(&uki_path)?.file(&root_img)?.file(&boot_efi)?;
     stages.run("disk", &k, &[&disk_raw, &disk_qcow2], || {
-        let boot = std::fs::read(BOOT_EFI).context("reading systemd-boot")?;
+        let boot = std::fs::read(&boot_efi).context("reading systemd-boot")?;
         let esp = vec![
             ("EFI/BOOT/BOOTX64.EFI".to_string(), boot.clone()),
             ("EFI/systemd/systemd-bootx64.efi".to_string(), boot),
@@ -225,6 +232,10 @@ fn initramfs(tree: &Path, kernel_release: &str, plan: &Plan, init: &Path, out: &
     c.add(initrd_paths::INIT, Entry::File { data: std::fs::read(init)?, mode: 0o755 });
     c.add("/dev/console", Entry::CharDev { major: 5, minor: 1, mode: 0o600 });
     c.add(initrd_paths::MARKER, Entry::File { data: b"NAME=nasos-initramfs\n".to_vec(), mode: 0o644 });
+    if plan.image.development {
+        // Only a development image's initramfs takes `nasos.init=` from the command line.
+        c.add(initrd_paths::DEVELOPMENT, Entry::File { data: Vec::new(), mode: 0o644 });
+    }
     for lib in crate::initramfs::needed_libraries(init)? {
         let (src, dest) = if lib.starts_with("ld-linux") {
             (tree.join("usr/lib/x86_64-linux-gnu").join(&lib), format!("/lib64/{lib}"))

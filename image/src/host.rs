@@ -29,8 +29,6 @@ pub const BUILD: &[Tool] = &[
     tool("/usr/sbin/mkfs.ext4", "e2fsprogs"),
     tool("/usr/bin/objcopy", "binutils"),
     tool("/usr/bin/xz", "xz-utils"),
-    tool("/usr/lib/systemd/boot/efi/systemd-bootx64.efi", "systemd-boot-efi"),
-    tool("/usr/lib/systemd/boot/efi/linuxx64.efi.stub", "systemd-boot-efi"),
     Tool { path: "/usr/bin/qemu-img", package: "qemu-utils", backports: true },
 ];
 

@@ -2,6 +2,7 @@
 //! prints): recipe → plan → rootfs → verified root + initramfs → UKI → A/B disk; flashing; booting
 //! on the emulated twin board; signed upgrade bundles.
 
+pub mod archive;
 pub mod build;
 pub mod bundle;
 pub mod disk;

@@ -1,6 +1,7 @@
 //! The lock file next to a recipe (`RECIPE.lock`): every Debian package of the image with its
-//! version and the sha256 of its .deb. Written on the first build, honoured afterwards: a build
-//! whose packages differ from the lock stops and says which, rather than quietly changing.
+//! version, the sha256 of its .deb and the archive it came from (trixie, trixie-updates or
+//! trixie-security). Written on the first build, honoured afterwards: a build whose packages
+//! differ from the lock stops and says which, rather than quietly changing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lock {
-    /// The apt source line the packages came from.
-    pub source: String,
+    /// The apt source lines the packages came from.
+    pub sources: Vec<String>,
     /// Seconds since the epoch, used as SOURCE_DATE_EPOCH: the same lock gives the same image.
     pub epoch: u64,
     #[serde(rename = "package")]
@@ -24,6 +25,9 @@ pub struct LockedPackage {
     pub version: String,
     pub architecture: String,
     pub sha256: String,
+    /// The suite whose index lists this very .deb (by its sha256): `trixie-security` for a
+    /// security fix. The first of the sources in their order when several list it.
+    pub suite: String,
 }
 
 impl LockedPackage {
@@ -43,8 +47,13 @@ impl Lock {
     pub fn read(path: &Path) -> anyhow::Result<Option<Lock>> {
         match std::fs::read_to_string(path) {
             Ok(text) => {
-                let lock: Lock =
-                    toml::from_str(&text).with_context(|| format!("{} is not a valid lock file", path.display()))?;
+                let lock: Lock = toml::from_str(&text).with_context(|| {
+                    format!(
+                        "{} is not a lock file this nasos reads (an older nasos wrote one source and no suites); \
+                         run `nasos build RECIPE --update-lock` and commit the new lock",
+                        path.display()
+                    )
+                })?;
                 Ok(Some(lock))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -101,13 +110,19 @@ mod tests {
     use super::*;
 
     fn pkg(name: &str, version: &str, sha: &str) -> LockedPackage {
-        LockedPackage { name: name.into(), version: version.into(), architecture: "amd64".into(), sha256: sha.into() }
+        LockedPackage {
+            name: name.into(),
+            version: version.into(),
+            architecture: "amd64".into(),
+            sha256: sha.into(),
+            suite: "trixie".into(),
+        }
     }
 
     #[test]
     fn round_trips_and_names_debs_as_apt_does() {
         let lock = Lock {
-            source: "deb x trixie main".into(),
+            sources: vec!["deb x trixie main".into()],
             epoch: 1,
             packages: vec![pkg("b", "1:2.0-1", "bb"), pkg("a", "1.0", "aa")],
         };
@@ -121,12 +136,12 @@ mod tests {
     #[test]
     fn check_names_every_difference() {
         let lock = Lock {
-            source: "s".into(),
+            sources: vec!["s".into()],
             epoch: 1,
             packages: vec![pkg("a", "1", "x"), pkg("b", "1", "y"), pkg("c", "1", "z")],
         };
         let now = Lock {
-            source: "s".into(),
+            sources: vec!["s".into()],
             epoch: 1,
             packages: vec![pkg("a", "2", "x"), pkg("b", "1", "q"), pkg("d", "1", "w")],
         };

@@ -1,6 +1,7 @@
-//! The root filesystem: Debian trixie (main + contrib) assembled by mmdebstrap with exactly the
-//! plan's packages, as a tarball. Downloaded .debs are kept in a content-addressed cache and fed
-//! back to apt, so a rebuild downloads nothing; what was installed is compared with the lock.
+//! The root filesystem: Debian trixie (main + contrib, with its updates and security fixes)
+//! assembled by mmdebstrap with exactly the plan's packages, as a tarball. Downloaded .debs are
+//! kept in a content-addressed cache and fed back to apt, so a rebuild downloads nothing; what was
+//! installed is compared with the lock.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -8,11 +9,9 @@ use std::process::Command;
 
 use anyhow::Context;
 
+use crate::archive::{Origins, SOURCES, SUITE};
 use crate::lock::{Lock, LockedPackage};
 use crate::stage::sha256_file;
-
-pub const SUITE: &str = "trixie";
-pub const SOURCE: &str = "deb http://deb.debian.org/debian trixie main contrib";
 
 /// Where cached work lives: `$NASOS_CACHE`, else `$XDG_CACHE_HOME/nasos`, else `~/.cache/nasos`.
 pub struct Cache {
@@ -59,6 +58,8 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
         }
     }
     let installed = work.join("installed.tsv");
+    let lists = work.join("lists");
+    std::fs::create_dir_all(&lists)?;
     let q = |p: &Path| shell_quote(&p.display().to_string());
     let mut cmd = Command::new("mmdebstrap");
     cmd.arg("--variant=essential")
@@ -87,10 +88,12 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
             "--customize-hook=chroot \"$1\" dpkg-query -W -f='${{Package}}\\t${{Version}}\\t${{Architecture}}\\n' > {}",
             q(&installed)
         ))
+        // apt's indexes say which archive each .deb is from (read below, by sha256).
+        .arg(format!("--customize-hook=cp \"$1\"/var/lib/apt/lists/*_Packages {}/", q(&lists)))
         .arg("--customize-hook=rm -f \"$1\"/var/cache/apt/archives/*.deb \"$1\"/var/lib/apt/lists/*_Packages")
         .arg(SUITE)
         .arg(out)
-        .arg(SOURCE)
+        .args(SOURCES)
         .env("SOURCE_DATE_EPOCH", epoch.to_string())
         // The kernel's postinst must not build an initramfs: nasos makes its own.
         .env("INITRD", "No");
@@ -109,6 +112,7 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
         }
         by_name.insert(name, sha);
     }
+    let origins = Origins::read_lists(&lists, SOURCES)?;
     let listing = std::fs::read_to_string(&installed).context("reading the installed package list")?;
     let mut packages_out = Vec::new();
     for line in listing.lines() {
@@ -119,16 +123,21 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
             version: version.into(),
             architecture: arch.into(),
             sha256: String::new(),
+            suite: String::new(),
         };
         p.sha256 = by_name
             .get(&p.deb_name())
             .cloned()
             .with_context(|| format!("{} was installed but its .deb was not kept", p.deb_name()))?;
+        p.suite = origins
+            .suite(&p.sha256)
+            .with_context(|| format!("{}: no archive index lists a .deb with sha256 {}", p.deb_name(), p.sha256))?
+            .to_string();
         packages_out.push(p);
     }
     let _ = std::fs::remove_dir_all(&work);
     packages_out.sort();
-    Ok(Lock { source: SOURCE.into(), epoch, packages: packages_out })
+    Ok(Lock { sources: SOURCES.iter().map(|s| s.to_string()).collect(), epoch, packages: packages_out })
 }
 
 /// Single-quotes a path for the shell snippets mmdebstrap's hooks are.

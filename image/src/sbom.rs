@@ -108,7 +108,8 @@ pub fn document(image: &str, version: &str, lock: &Lock, nasos_version: &str) ->
     let digest = crate::stage::hex(&Sha256::digest(lock_text.as_bytes()));
     let created = time::OffsetDateTime::from_unix_timestamp(i64::try_from(lock.epoch)?)?
         .format(&time::format_description::well_known::Rfc3339)?;
-    let suite = lock.source.split_whitespace().nth(2).unwrap_or("trixie").to_string();
+    // The release the packages belong to (the purl's distro): the first source's suite.
+    let release = lock.sources.first().and_then(|s| crate::archive::suite_of(s)).unwrap_or("trixie").to_string();
     let root = spdx_ref("Image", image);
     let mut packages = vec![Package {
         spdx_id: root.clone(),
@@ -136,12 +137,12 @@ pub fn document(image: &str, version: &str, lock: &Lock, nasos_version: &str) ->
             license_concluded: "NOASSERTION",
             license_declared: "NOASSERTION",
             copyright_text: "NOASSERTION",
-            comment: Some(format!("from `{}`", lock.source)),
+            comment: Some(format!("from the {} archive", p.suite)),
             external_refs: vec![ExternalRef {
                 reference_category: "PACKAGE-MANAGER",
                 reference_type: "purl",
                 reference_locator: format!(
-                    "pkg:deb/debian/{}@{}?arch={}&distro=debian-{suite}",
+                    "pkg:deb/debian/{}@{}?arch={}&distro=debian-{release}",
                     p.name,
                     purl_escape(&p.version),
                     p.architecture
@@ -223,9 +224,10 @@ mod tests {
             version: version.into(),
             architecture: "amd64".into(),
             sha256: "ab".repeat(32),
+            suite: "trixie".into(),
         };
         Lock {
-            source: "deb http://deb.debian.org/debian trixie main contrib".into(),
+            sources: crate::archive::SOURCES.iter().map(|s| s.to_string()).collect(),
             epoch: 1796083200,
             packages: vec![
                 p("linux-image-6.12.117+deb13-amd64", "6.12.117-1"),

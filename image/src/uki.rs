@@ -9,7 +9,10 @@ use anyhow::{Context, bail};
 use object::read::pe::PeFile64;
 use object::{Object, ObjectSection};
 
-pub const STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
+/// Where the image's systemd-boot-efi package puts the stub (the build takes it from the image).
+pub const STUB: &str = "usr/lib/systemd/boot/efi/linuxx64.efi.stub";
+/// ... and systemd-boot itself.
+pub const BOOT: &str = "usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 
 pub struct Parts<'a> {
     pub os_release: &'a Path,

@@ -8,8 +8,9 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+use crate::archive::{SOURCES, SUITE};
 use crate::lock::Lock;
-use crate::rootfs::{Cache, SOURCE, SUITE};
+use crate::rootfs::Cache;
 
 /// The kernel release and the ZFS version an image's lock pins.
 pub struct Versions {
@@ -44,7 +45,13 @@ const RECORD: &str = "record";
 
 /// What made the modules: the first lines of their record.
 fn inputs(v: &Versions) -> String {
-    format!("kernel {} {}\nzfs {}\nsource {SOURCE} {SUITE}\n", v.kernel_release, v.kernel_version, v.zfs_version)
+    format!(
+        "kernel {} {}\nzfs {}\nsource {} {SUITE}\n",
+        v.kernel_release,
+        v.kernel_version,
+        v.zfs_version,
+        SOURCES.join(" | ")
+    )
 }
 
 /// The module files in a cache directory, by name.
@@ -170,7 +177,7 @@ pub fn ensure(cache: &Cache, v: &Versions, epoch: u64) -> anyhow::Result<(PathBu
         .arg(format!("--customize-hook=sh -c 'cp \"$1\"/usr/lib/modules/{kr}/updates/dkms/*.ko* {q}/' -- \"$1\""))
         .arg(SUITE)
         .arg("/dev/null")
-        .arg(SOURCE)
+        .args(SOURCES)
         .env("INITRD", "No")
         .env("SOURCE_DATE_EPOCH", epoch.to_string());
     crate::progress::run_tool(&mut cmd, "the ZFS build root (mmdebstrap + DKMS)")?;

@@ -12,7 +12,7 @@ use nix::mount::{MsFlags, mount};
 use nasos_layout::cmdline::RootArgs;
 use nasos_layout::paths::{
     self,
-    initramfs::{MODULE_LIST, NEW_ROOT},
+    initramfs::{DEVELOPMENT, MODULE_LIST, NEW_ROOT},
 };
 use nasos_layout::slot;
 
@@ -39,7 +39,10 @@ pub fn run(console: &Console) -> String {
         return format!("the root hash {} names no partition", args.verity.root_hash);
     };
     let v = &args.verity;
-    let init = args.init.as_deref().unwrap_or(DEFAULT_INIT);
+    let (init, ignored) = args.init_program(Path::new(DEVELOPMENT).exists(), DEFAULT_INIT);
+    if let Some(why) = ignored {
+        console.say(&why);
+    }
     load_modules(console);
     let t = Instant::now();
     let part = loop {

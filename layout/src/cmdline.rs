@@ -88,6 +88,22 @@ impl RootArgs {
     }
 }
 
+impl RootArgs {
+    /// The program to run in the new root. The override is taken only on a development image:
+    /// on any other, whoever can edit the boot loader's line (Secure Boot off, or a loader that
+    /// passes one) must not be able to swap the appliance for a shell. Says why when it ignores one.
+    pub fn init_program<'a>(&'a self, development: bool, default: &'a str) -> (&'a str, Option<String>) {
+        match &self.init {
+            Some(init) if development => (init, None),
+            Some(init) => (
+                default,
+                Some(format!("{INIT}{init} ignored: only a development image runs another init than {default}")),
+            ),
+            None => (default, None),
+        }
+    }
+}
+
 impl fmt::Display for RootArgs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_args().join(" "))
@@ -114,6 +130,17 @@ mod tests {
     fn init_override_is_carried() {
         let a = RootArgs { verity: sample(), init: Some("/bin/sh".into()) };
         assert_eq!(RootArgs::parse(&a.to_string()).expect("parses").init.as_deref(), Some("/bin/sh"));
+    }
+
+    #[test]
+    fn only_a_development_image_takes_another_init() {
+        let a = RootArgs { verity: sample(), init: Some("/bin/sh".into()) };
+        assert_eq!(a.init_program(true, "/usr/sbin/nasinit"), ("/bin/sh", None));
+        let (init, note) = a.init_program(false, "/usr/sbin/nasinit");
+        assert_eq!(init, "/usr/sbin/nasinit");
+        assert!(note.is_some_and(|n| n.contains("nasos.init=/bin/sh ignored")));
+        let plain = RootArgs { verity: sample(), init: None };
+        assert_eq!(plain.init_program(false, "/usr/sbin/nasinit"), ("/usr/sbin/nasinit", None));
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub mod initramfs {
     pub const MODULE_LIST: &str = "/etc/nasos/modules";
     /// Where the root is mounted before the switch.
     pub const NEW_ROOT: &str = "/sysroot";
+    /// Present only in a development image's initramfs: it then takes `nasos.init=`.
+    pub const DEVELOPMENT: &str = "/etc/nasos/development";
 }
 
 /// `dir` joined with an absolute image path, for code that works on a tree or a test fixture

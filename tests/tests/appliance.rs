@@ -46,6 +46,7 @@ fn json(out: &str) -> serde_json::Value {
 fn main() -> ExitCode {
     let mut s = Suite::new();
     s.check("build::qemu_dev_image", build_image);
+    s.check("build::the_boot_chain_is_the_locked_systemd_boot", boot_chain_from_lock);
     s.check("build::noop_rebuild_does_no_stage_work", noop_rebuild);
     s.check("build::a_changed_cache_is_rebuilt_bit_identically", changed_cache);
     s.check("boot::reaches_ready_through_the_verified_root", boot_ready);
@@ -82,6 +83,52 @@ fn build_image() {
         first.stderr.lines().filter(|l| !l.starts_with("I: ")).collect::<Vec<_>>().join("\n")
     );
     IMAGE.set(out);
+}
+
+/// The ESP's systemd-boot and the UKI's stub are the ones in the lock's systemd-boot-efi .deb
+/// (trixie's), not the build host's: the loader is byte-identical to the .deb's file, and the
+/// UKI carries the stub's version stamp. The lock itself takes trixie's security archive.
+fn boot_chain_from_lock() {
+    let out = IMAGE.get();
+    let lock: toml::Value =
+        toml::from_str(&std::fs::read_to_string(repo().join("recipes/qemu-dev.toml.lock")).expect("lock"))
+            .expect("toml");
+    let packages = lock["package"].as_array().expect("packages");
+    assert!(
+        packages.iter().any(|p| p["suite"].as_str() == Some("trixie-security")),
+        "the lock has no package from trixie-security"
+    );
+    let efi =
+        packages.iter().find(|p| p["name"].as_str() == Some("systemd-boot-efi")).expect("systemd-boot-efi locked");
+    let sha = efi["sha256"].as_str().expect("sha256");
+    let deb = nasos_tests::nasos_cache().join("debs").join(format!("{sha}.deb"));
+    assert_eq!(sha256(&deb), sha, "the cached .deb is the locked one");
+    let from_deb = |file: &str| -> Vec<u8> {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("dpkg-deb --fsys-tarfile '{}' | tar -xOf - ./usr/lib/systemd/boot/efi/{file}", deb.display()))
+            .output()
+            .expect("dpkg-deb");
+        assert!(o.status.success() && !o.stdout.is_empty(), "{file} in {}", deb.display());
+        o.stdout
+    };
+    let boot = from_deb("systemd-bootx64.efi");
+    let esp = format!("{}@@1048576", out.join("disk.img").display());
+    for on_esp in ["::EFI/BOOT/BOOTX64.EFI", "::EFI/systemd/systemd-bootx64.efi"] {
+        let o = Command::new("mcopy").args(["-n", "-i", &esp, on_esp, "-"]).output().expect("mcopy");
+        assert!(o.status.success(), "{on_esp}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.stdout == boot, "{on_esp} is not the locked systemd-boot");
+    }
+    // The stub's version stamp (`#### LoaderInfo: systemd-stub 257.x ####`), found in the UKI.
+    let stamp = |bytes: &[u8]| -> String {
+        let at = bytes.windows(16).position(|w| w == b"#### LoaderInfo:").expect("a LoaderInfo stamp");
+        let end = bytes[at + 16..].windows(4).position(|w| w == b"####").expect("its end") + at + 20;
+        String::from_utf8_lossy(&bytes[at..end]).into_owned()
+    };
+    let stub = stamp(&from_deb("linuxx64.efi.stub"));
+    assert!(stub.contains("systemd-stub"), "{stub}");
+    assert_eq!(stamp(&std::fs::read(out.join("nasos.efi")).expect("uki")), stub);
+    eprintln!("ESP loader = systemd-boot-efi {} ({}), UKI stub: {stub}", efi["version"], efi["suite"]);
 }
 
 fn noop_rebuild() {

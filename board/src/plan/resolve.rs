@@ -34,6 +34,9 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         "passwd",
         // veritysetup: an upgrade reads the written slot back through dm-verity's check.
         "cryptsetup-bin",
+        // systemd-boot and the UKI's stub: the boot chain comes from the lock like the rest of
+        // the image, not from whichever host builds it.
+        "systemd-boot-efi",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -25,7 +25,6 @@ use nasos_tests::{build_binaries, nasos, nasos_cache, ok, repo, sha256};
 const MEMORY: u32 = 2048;
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
-const SOURCE: &str = "deb http://deb.debian.org/debian trixie main contrib";
 
 /// The reference's packages, beside the kernel (stock initramfs-tools, as an installed system).
 const PACKAGES: &str = "initramfs-tools,zstd,systemd-sysv,udev,dbus,kmod,e2fsprogs,iproute2,procps,\
@@ -114,6 +113,19 @@ fn kernel_release() -> String {
         .to_string()
 }
 
+/// The apt sources the appliance's lock was made from (the release, its updates, its security
+/// fixes): the reference is set up from the same archives, as an administrator would.
+fn sources() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("recipes/qemu-dev.toml.lock")).expect("qemu-dev lock");
+    let lock: toml::Value = toml::from_str(&text).expect("the qemu-dev lock parses");
+    lock.get("sources")
+        .and_then(|s| s.as_array())
+        .expect("the lock's sources")
+        .iter()
+        .filter_map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
 /// The ZFS modules nasos built for `kver`, in nasos's cache.
 fn zfs_modules(kver: &str) -> PathBuf {
     std::fs::read_dir(nasos_cache().join("zfs"))
@@ -129,7 +141,8 @@ fn zfs_modules(kver: &str) -> PathBuf {
 fn reference_image(dir: &Path) -> PathBuf {
     let kver = kernel_release();
     let zmod = zfs_modules(&kver);
-    let mut config = format!("{kver}\n{SOURCE}\n{PACKAGES}\n{CUSTOMIZE}");
+    let sources = sources();
+    let mut config = format!("{kver}\n{}\n{PACKAGES}\n{CUSTOMIZE}", sources.join("\n"));
     for (name, text) in GUEST {
         config.push_str(&format!("{name}\n{text}"));
     }
@@ -173,7 +186,7 @@ fn reference_image(dir: &Path) -> PathBuf {
             .arg(format!("--customize-hook={hook}"))
             .args(["trixie"])
             .arg(&root)
-            .arg(SOURCE),
+            .args(&sources),
         "mmdebstrap",
     );
     std::fs::copy(root.join(format!("boot/vmlinuz-{kver}")), img.join("vmlinuz")).expect("vmlinuz");
