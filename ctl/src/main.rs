@@ -136,6 +136,10 @@ enum Upgrade {
         /// Reboot into the new version once it is installed.
         #[arg(long)]
         reboot: bool,
+        /// Install an older version than the running one. It boots once; blessed, it stays
+        /// (the newer entry is removed); otherwise the running version boots again.
+        #[arg(long)]
+        allow_downgrade: bool,
     },
     /// Both slots, their versions, which one runs, tries left, and the history.
     Status,
@@ -244,7 +248,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Logs { name, lines, boot: Some(back), .. } => return show_old_log(&name, lines, back),
         Command::Boots => return show_boots(json),
         Command::Upgrade { what: Upgrade::Status } => return show_upgrade(json),
-        Command::Upgrade { what: Upgrade::Apply { source, reboot: false } } => return apply_upgrade(&source),
+        Command::Upgrade { what: Upgrade::Apply { source, reboot: false, allow_downgrade } } => {
+            return apply_upgrade(&source, allow_downgrade);
+        }
         _ => {}
     }
     let client = Client::connect(&args.socket).await?;
@@ -343,8 +349,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .context("signalling the replication service")?;
             println!("asked the replication service for a round now; `nasctl logs replication -f` shows it");
         }
-        Command::Upgrade { what: Upgrade::Apply { source, reboot: true } } => {
-            apply_upgrade(&source)?;
+        Command::Upgrade { what: Upgrade::Apply { source, reboot: true, allow_downgrade } } => {
+            apply_upgrade(&source, allow_downgrade)?;
             client.shutdown(ShutdownKind::Reboot).await?;
         }
         // Answered above, before connecting.
@@ -369,9 +375,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn apply_upgrade(source: &str) -> anyhow::Result<()> {
+fn apply_upgrade(source: &str, allow_downgrade: bool) -> anyhow::Result<()> {
     use nasos_services::upgrade::apply;
-    let done = apply::apply(&apply::Options { source: source.to_string(), allow_downgrade: false })?;
+    let done = apply::apply(&apply::Options { source: source.to_string(), allow_downgrade })?;
     println!(
         "upgrade: done in {:.1}s; reboot to start {} (nasctl reboot)",
         done.took.as_secs_f64(),

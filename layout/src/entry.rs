@@ -21,6 +21,36 @@ pub fn loader_var(efivars: &std::path::Path, name: &str) -> Option<String> {
     Some(String::from_utf16_lossy(&words).trim_end_matches('\0').to_string())
 }
 
+/// Sets a systemd-boot variable (`LoaderEntryOneShot`) in an efivarfs directory: attributes
+/// non-volatile, boot-service and runtime access, then the UTF-16LE text ending in NUL, in one
+/// write (efivarfs takes a variable whole). An existing variable is replaced: efivarfs marks
+/// variables immutable, so `clear_immutable` runs on it first (the caller's `chattr -i`).
+pub fn set_loader_var(
+    efivars: &std::path::Path,
+    name: &str,
+    value: &str,
+    clear_immutable: impl FnOnce(&std::path::Path),
+) -> std::io::Result<()> {
+    let path = efivars.join(format!("{name}-{LOADER_VENDOR_GUID}"));
+    if path.exists() {
+        clear_immutable(&path);
+        std::fs::remove_file(&path)?;
+    }
+    let mut raw = 7u32.to_le_bytes().to_vec();
+    for u in value.encode_utf16().chain([0]) {
+        raw.extend(u.to_le_bytes());
+    }
+    use std::io::Write;
+    std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?.write_all(&raw)
+}
+
+/// The id systemd-boot (257) gives an entry: its file name without the try counter, which is
+/// what `LoaderEntryOneShot` and `LoaderEntryDefault` name.
+pub fn id(name: &str) -> Option<String> {
+    let e = parse(name)?;
+    Some(format!("{PREFIX}{}.efi", e.version))
+}
+
 /// The entry file systemd-boot started, when it carries a try counter (systemd-boot publishes
 /// `LoaderBootCountPath` only for an entry on trial, after decrementing it).
 pub fn booted_on_trial(efivars: &std::path::Path) -> Option<String> {
@@ -94,6 +124,33 @@ mod tests {
         assert_eq!(booted_on_trial(&dir).as_deref(), Some("nasos-0.1.0+2-1.efi"));
         assert_eq!(loader_var(&dir, "LoaderDevicePartUUID"), None);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_variable_written_reads_back_and_replaces_the_old_one() {
+        let dir = std::env::temp_dir().join(format!("nasos-efivars-set-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("fixture");
+        let mut cleared = Vec::new();
+        set_loader_var(&dir, "LoaderEntryOneShot", "nasos-0.2.0.efi", |p| cleared.push(p.to_path_buf()))
+            .expect("write");
+        assert!(cleared.is_empty(), "nothing to clear the first time");
+        assert_eq!(loader_var(&dir, "LoaderEntryOneShot").as_deref(), Some("nasos-0.2.0.efi"));
+        let raw = std::fs::read(dir.join(format!("LoaderEntryOneShot-{LOADER_VENDOR_GUID}"))).expect("raw");
+        assert_eq!(&raw[..6], &[7, 0, 0, 0, b'n', 0], "attributes, then UTF-16LE");
+        assert_eq!(&raw[raw.len() - 2..], &[0, 0], "NUL-terminated");
+        set_loader_var(&dir, "LoaderEntryOneShot", "nasos-0.1.0.efi", |p| cleared.push(p.to_path_buf()))
+            .expect("replace");
+        assert_eq!(cleared.len(), 1);
+        assert_eq!(loader_var(&dir, "LoaderEntryOneShot").as_deref(), Some("nasos-0.1.0.efi"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_entry_id_has_no_counter() {
+        assert_eq!(id("nasos-0.2.0+1.efi").as_deref(), Some("nasos-0.2.0.efi"));
+        assert_eq!(id("nasos-0.2.0+0-1.efi").as_deref(), Some("nasos-0.2.0.efi"));
+        assert_eq!(id("nasos-0.2.0.efi").as_deref(), Some("nasos-0.2.0.efi"));
+        assert_eq!(id("grub.efi"), None);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! stranger, for another board, older, larger than the slot, damaged or cut short are refused
 //! with a clear message and nothing bootable changes; v2 from a USB stick boots and is blessed
 //! with the pool, identity and exports unchanged; then v3 from a file on a dataset boots on the
-//! other slot again (the slot contract holds across upgrades).
+//! other slot again (the slot contract holds across upgrades); a version that never gets ready
+//! is rolled back; 0.2.0 again only with `--allow-downgrade`, and it stays once blessed.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
     s.check("apply::v2_from_a_usb_stick_boots_and_is_blessed", v2_from_usb);
     s.check("apply::v3_from_a_file_on_a_dataset_boots_on_the_other_slot", v3_from_file);
     s.check("rollback::a_version_that_never_gets_ready_uses_up_its_tries_and_the_previous_boots", rollback);
+    s.check("downgrade::an_older_version_only_with_allow_downgrade_boots_once_and_stays_once_blessed", downgrade);
     s.kill_at_end(&VM);
     s.run()
 }
@@ -424,5 +426,46 @@ fn rollback() {
         );
         assert!(status.contains("boots next: nasos-0.3.0.efi"), "{status}");
         assert_eq!(ok(vm, "cat /export/tank/scratch/upgrade-marker/file").trim(), "kept");
+    });
+}
+
+/// Back from 0.3.0 to 0.2.0: refused without `--allow-downgrade`; with it, 0.2.0 goes onto the
+/// other slot with one try and boots once through systemd-boot's one-shot variable (the newest
+/// good entry, 0.3.0, would boot otherwise), is blessed after its healthy time, and the newer
+/// entry is then removed, so the next reboot starts 0.2.0 again.
+fn downgrade() {
+    let v2 = BUILT.with(|b| b.v2.clone());
+    let stick = dir().join("v2-stick.img");
+    nasos_qemu::usb_stick(&v2, &stick).expect("stick");
+    VM.with(|vm| {
+        let id = ok(vm, "cat /etc/machine-id").trim().to_string();
+        vm.plug_usb(&stick).expect("plug");
+        let (out, code) = vm.run("nasctl upgrade apply usb:", Duration::from_secs(600)).expect("apply");
+        assert_ne!(code, 0, "{out}");
+        assert!(out.contains("older than the running 0.3.0; add --allow-downgrade"), "{out}");
+        let (out, code) =
+            vm.run("nasctl upgrade apply usb: --allow-downgrade", Duration::from_secs(900)).expect("apply");
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            out.contains("installed on slot b (entry nasos-0.2.0+1.efi): a downgrade, it boots once next"),
+            "{out}"
+        );
+        let status = ok(vm, "nasctl upgrade status");
+        assert!(status.contains("boots next: nasos-0.2.0+1.efi"), "{status}");
+        vm.unplug_usb().expect("unplug");
+        vm.send_line("nasctl reboot").expect("reboot");
+        check_running(vm, "0.2.0", "b", &id);
+        let log = ok(vm, "nasctl logs bless");
+        assert!(log.contains("a downgrade: the newer nasos-0.3.0.efi removed"), "{log}");
+        let status = ok(vm, "nasctl upgrade status");
+        assert!(status.contains("boots next: nasos-0.2.0.efi"), "{status}");
+        assert!(status.lines().any(|l| l.starts_with("a ") && l.contains("no entry")), "{status}");
+        // And it stays: the next boot is 0.2.0 again, by systemd-boot's own choice.
+        vm.send_line("nasctl reboot").expect("reboot");
+        vm.expect_new_shell();
+        vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("ready again");
+        vm.wait_for_login(Duration::from_secs(60)).ok();
+        let s = ok(vm, "nasctl status");
+        assert!(s.contains("qemu-dev 0.2.0 on nasos-dev"), "{s}");
     });
 }

@@ -92,9 +92,6 @@ pub fn apply(opts: &Options) -> anyhow::Result<Installed> {
         esp_free_bytes: esp.free_bytes() + freed,
         allow_downgrade: opts.allow_downgrade,
     };
-    if opts.allow_downgrade {
-        bail!("installing an older version is not supported yet: systemd-boot would keep booting the newer one");
-    }
 
     let src = source::open(&opts.source)?;
     say(format!("reading {}{}", src.describe, src.len.map(|l| format!(" ({} MiB)", l >> 20)).unwrap_or_default()));
@@ -121,6 +118,14 @@ pub fn apply(opts: &Options) -> anyhow::Result<Installed> {
                 m.image, m.version, m.board, h.signer, h.trusted_comment
             ));
             policy::check(m, &ctx)?;
+            if is_downgrade(&m.version, &plan.image.version) {
+                // Its first boot is asked for through an EFI variable: the firmware's variables
+                // must be writable before anything is.
+                super::efivars().map_err(|e| reader::Error::Sink {
+                    kind: "efivars",
+                    source: std::io::Error::other(format!("{e:#}: a downgrade cannot be booted")),
+                })?;
+            }
             // Nothing names the slot while it is overwritten: drop every entry but the running one.
             prepare(&esp, running_entry.as_deref())
                 .map_err(|e| reader::Error::Sink { kind: "esp", source: std::io::Error::other(format!("{e:#}")) })?;
@@ -195,15 +200,44 @@ pub fn apply(opts: &Options) -> anyhow::Result<Installed> {
     verify_slot(&target.device, &m).map_err(fail)?;
     let uuid = nasos_layout::slot::root_partuuid(m.root_hash()).context("the root hash names no UUID").map_err(fail)?;
     slots::set_partuuid(&disk.device, target.number, &uuid).map_err(fail)?;
-    let name = entry::counted(&m.version, plan.upgrade.boot_tries);
+    // systemd-boot boots the newest version with tries left: an upgrade's entry boots next by
+    // itself. An older version would never be picked, so a downgrade gets one try, asked for
+    // with LoaderEntryOneShot (which systemd-boot deletes as it boots it): if that boot does not
+    // get blessed, the running version is again the newest good entry and boots. Blessed, the
+    // downgrade removes the newer entries (see `bless`).
+    let downgrade = is_downgrade(&m.version, &plan.image.version);
+    let tries = if downgrade { 1 } else { plan.upgrade.boot_tries };
+    let name = entry::counted(&m.version, tries);
     std::fs::rename(&partial, esp.dir().join(&name)).context("naming the new boot entry").map_err(fail)?;
     esp.sync().map_err(fail)?;
-    let _ = history::record(&st, &event("installed", &m.version, format!("from {}; entry {name}", src.describe)));
-    say(format!(
-        "{} {} installed on slot {} (entry {name}, {} tries); it boots next, and {} stays the fallback",
-        m.image, m.version, target.name, plan.upgrade.boot_tries, plan.image.version
-    ));
+    if downgrade {
+        let id = entry::id(&name).context("the new entry's id").map_err(fail)?;
+        entry::set_loader_var(Path::new(entry::EFIVARS), super::ONESHOT, &id, |p| {
+            let _ = crate::run("chattr", &["-i", &p.display().to_string()]);
+        })
+        .with_context(|| format!("setting {} to {id}", super::ONESHOT))
+        .map_err(fail)?;
+    }
+    let what = if downgrade { "a downgrade, " } else { "" };
+    let _ = history::record(&st, &event("installed", &m.version, format!("{what}from {}; entry {name}", src.describe)));
+    if downgrade {
+        say(format!(
+            "{} {} installed on slot {} (entry {name}): a downgrade, it boots once next; if it is not \
+             ready and healthy in that boot, {} boots again, and once blessed it replaces {}",
+            m.image, m.version, target.name, plan.image.version, plan.image.version
+        ));
+    } else {
+        say(format!(
+            "{} {} installed on slot {} (entry {name}, {tries} tries); it boots next, and {} stays the fallback",
+            m.image, m.version, target.name, plan.image.version
+        ));
+    }
     Ok(Installed { manifest: m, slot: target.name, entry: name, took: started.elapsed(), slot_bytes, stream })
+}
+
+/// Whether installing `new` over the running `now` goes back in versions.
+fn is_downgrade(new: &str, now: &str) -> bool {
+    super::status::version_order(new, now) == std::cmp::Ordering::Less
 }
 
 /// The running version's entry on the ESP (blessed or on trial).

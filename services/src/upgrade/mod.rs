@@ -27,8 +27,11 @@ use history::Event;
 
 use entry::EFIVARS;
 
+/// systemd-boot's variable naming the entry to boot once, next time (deleted as it boots it).
+pub const ONESHOT: &str = "LoaderEntryOneShot";
+
 /// Mounts efivarfs when it is not (its module is loaded first: the kernel may not autoload it).
-fn efivars() -> anyhow::Result<()> {
+pub(super) fn efivars() -> anyhow::Result<()> {
     let empty = |p: &str| std::fs::read_dir(p).map(|mut d| d.next().is_none()).unwrap_or(true);
     if empty(EFIVARS) {
         let _ = crate::run("modprobe", &["efivarfs"]);
@@ -42,6 +45,20 @@ fn efivars() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The entries systemd-boot would boot before `running` (its file `booted`) once it is blessed:
+/// newer versions that are blessed or have tries left. An entry out of tries sorts last anyway.
+pub fn preferred_over(entries: &[(String, entry::Entry)], booted: &str, running: &str) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|(n, e)| {
+            n != booted
+                && e.counter.is_none_or(|(left, _)| left > 0)
+                && status::version_order(&e.version, running) == std::cmp::Ordering::Greater
+        })
+        .map(|(n, _)| n.clone())
+        .collect()
 }
 
 pub fn bless() -> anyhow::Result<()> {
@@ -99,11 +116,44 @@ pub fn bless() -> anyhow::Result<()> {
         std::thread::sleep(std::time::Duration::from_secs(2));
     };
     let esp = Esp::mount(&disk.esp)?;
+    // A downgrade (installed older than the version it replaced) booted once through the one-shot
+    // variable; blessed, it must keep booting, but systemd-boot prefers the newest good entry. So
+    // the newer entries systemd-boot would pick first go, before the rename: a power cut between
+    // the two leaves this entry the only one, still on trial, and the next boot blesses it.
+    let newer = preferred_over(&esp.entries(), &booted, &plan.image.version);
+    for n in &newer {
+        say(format!("removing {n}: {} was installed as a downgrade and is to keep booting", plan.image.version));
+        std::fs::remove_file(esp.dir().join(n)).with_context(|| format!("removing {n}"))?;
+    }
+    if !newer.is_empty() {
+        esp.sync()?;
+    }
     std::fs::rename(esp.dir().join(&booted), esp.dir().join(&good))
         .with_context(|| format!("renaming {booted} to {good}"))?;
     esp.sync()?;
-    let detail = format!("{booted} → {good} after {healthy_for}s ready and healthy");
+    let mut detail = format!("{booted} → {good} after {healthy_for}s ready and healthy");
+    if !newer.is_empty() {
+        detail.push_str(&format!("; a downgrade: the newer {} removed", newer.join(", ")));
+    }
     let _ = history::record(&st, &event("blessed", &plan.image.version, detail.clone()));
     say(format!("blessed {detail}"));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blessed_downgrade_removes_only_the_newer_entries_that_would_boot_first() {
+        let e = |n: &str| (n.to_string(), entry::parse(n).expect("entry"));
+        let esp = [e("nasos-0.3.0.efi"), e("nasos-0.2.0+0-1.efi"), e("nasos-0.4.0+0-2.efi"), e("nasos-0.1.0.efi")];
+        assert_eq!(preferred_over(&esp, "nasos-0.2.0+0-1.efi", "0.2.0"), ["nasos-0.3.0.efi"]);
+        // An upgrade on trial: the older entry is the fallback and stays.
+        let esp = [e("nasos-0.2.0.efi"), e("nasos-0.3.0+1-1.efi")];
+        assert!(preferred_over(&esp, "nasos-0.3.0+1-1.efi", "0.3.0").is_empty());
+        // A newer version still on trial would boot first too.
+        let esp = [e("nasos-0.10.0+2.efi"), e("nasos-0.9.0+0-1.efi")];
+        assert_eq!(preferred_over(&esp, "nasos-0.9.0+0-1.efi", "0.9.0"), ["nasos-0.10.0+2.efi"]);
+    }
 }

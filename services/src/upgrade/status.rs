@@ -32,7 +32,8 @@ pub struct SlotView {
 pub struct StatusView {
     pub running_version: String,
     pub slots: Vec<SlotView>,
-    /// The entry systemd-boot starts next (the newest version with tries left).
+    /// The entry systemd-boot starts next: the one-shot entry (a downgrade's first boot), else
+    /// the newest version with tries left.
     pub boots_next: Option<String>,
     pub history: Vec<Event>,
 }
@@ -52,9 +53,13 @@ pub fn uki_root_hash(path: &Path) -> anyhow::Result<String> {
         .root_hash)
 }
 
-/// What systemd-boot starts next among these entries: the newest version with tries left (an
-/// entry without a counter always has).
-pub fn boots_next(entries: &[(String, entry::Entry)]) -> Option<String> {
+/// What systemd-boot starts next among these entries: the entry `LoaderEntryOneShot` names (by
+/// its id, the name without a counter), else the newest version with tries left (an entry
+/// without a counter always has).
+pub fn boots_next(entries: &[(String, entry::Entry)], oneshot: Option<&str>) -> Option<String> {
+    if let Some(hit) = oneshot.and_then(|id| entries.iter().find(|(n, _)| entry::id(n).as_deref() == Some(id))) {
+        return Some(hit.0.clone());
+    }
     entries
         .iter()
         .filter(|(_, e)| e.counter.is_none_or(|(left, _)| left > 0))
@@ -62,14 +67,15 @@ pub fn boots_next(entries: &[(String, entry::Entry)]) -> Option<String> {
         .map(|(n, _)| n.clone())
 }
 
-fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
+/// Versions in semver order (text order for what is not semver).
+pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
     match (semver::Version::parse(a), semver::Version::parse(b)) {
         (Ok(x), Ok(y)) => x.cmp(&y),
         _ => a.cmp(b),
     }
 }
 
-pub fn view(disk: &BootDisk, esp: &Esp, running_version: &str, st: &State) -> StatusView {
+pub fn view(disk: &BootDisk, esp: &Esp, running_version: &str, st: &State, oneshot: Option<&str>) -> StatusView {
     let entries = esp.entries();
     let named: Vec<(String, entry::Entry, Option<String>)> =
         entries.iter().map(|(n, e)| (n.clone(), e.clone(), uki_root_hash(&esp.dir().join(n)).ok())).collect();
@@ -104,7 +110,7 @@ pub fn view(disk: &BootDisk, esp: &Esp, running_version: &str, st: &State) -> St
     StatusView {
         running_version: running_version.to_string(),
         slots,
-        boots_next: boots_next(&entries),
+        boots_next: boots_next(&entries, oneshot),
         history: history::read(st),
     }
 }
@@ -114,7 +120,11 @@ pub fn read() -> anyhow::Result<StatusView> {
     let plan = crate::plan()?;
     let disk = slots::discover(Path::new("/sys"), Path::new("/dev")).map_err(anyhow::Error::msg)?;
     let esp = Esp::mount(&disk.esp)?;
-    Ok(view(&disk, &esp, &plan.image.version, &State::mounted()))
+    let oneshot = super::efivars()
+        .ok()
+        .and_then(|()| entry::loader_var(Path::new(entry::EFIVARS), super::ONESHOT))
+        .filter(|v| !v.is_empty());
+    Ok(view(&disk, &esp, &plan.image.version, &State::mounted(), oneshot.as_deref()))
 }
 
 #[cfg(test)]
@@ -124,12 +134,22 @@ mod tests {
     #[test]
     fn the_newest_version_with_tries_left_boots_next() {
         let e = |n: &str| (n.to_string(), entry::parse(n).expect("entry"));
-        assert_eq!(boots_next(&[e("nasos-0.1.0.efi"), e("nasos-0.2.0+3.efi")]).as_deref(), Some("nasos-0.2.0+3.efi"));
-        assert_eq!(boots_next(&[e("nasos-0.1.0.efi"), e("nasos-0.2.0+0-3.efi")]).as_deref(), Some("nasos-0.1.0.efi"));
         assert_eq!(
-            boots_next(&[e("nasos-0.9.0.efi"), e("nasos-0.10.0+1-2.efi")]).as_deref(),
+            boots_next(&[e("nasos-0.1.0.efi"), e("nasos-0.2.0+3.efi")], None).as_deref(),
+            Some("nasos-0.2.0+3.efi")
+        );
+        assert_eq!(
+            boots_next(&[e("nasos-0.1.0.efi"), e("nasos-0.2.0+0-3.efi")], None).as_deref(),
+            Some("nasos-0.1.0.efi")
+        );
+        assert_eq!(
+            boots_next(&[e("nasos-0.9.0.efi"), e("nasos-0.10.0+1-2.efi")], None).as_deref(),
             Some("nasos-0.10.0+1-2.efi")
         );
-        assert_eq!(boots_next(&[]), None);
+        assert_eq!(boots_next(&[], None), None);
+        // A downgrade's first boot: the one-shot variable names the older entry by its id.
+        let both = [e("nasos-0.3.0.efi"), e("nasos-0.2.0+1.efi")];
+        assert_eq!(boots_next(&both, Some("nasos-0.2.0.efi")).as_deref(), Some("nasos-0.2.0+1.efi"));
+        assert_eq!(boots_next(&both, Some("nasos-9.9.9.efi")).as_deref(), Some("nasos-0.3.0.efi"));
     }
 }
