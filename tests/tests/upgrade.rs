@@ -239,8 +239,7 @@ fn bad_bundles() {
     let list: Vec<PathBuf> = cases.iter().map(|c| files.join(c.0)).collect();
     fat_with(&list, &stick);
     VM.with(|vm| {
-        vm.plug_usb(&stick).expect("plug the stick");
-        poll(vm, "blkid -L NASOS-USB || true", "/dev/", Duration::from_secs(60));
+        plug(vm, &stick);
         ok(vm, "mkdir -p /tmp/stick && mount -o ro -L NASOS-USB /tmp/stick");
         let esp_before = esp_digest(vm);
         let slot_before = ok(vm, "sha256sum /dev/vda3");
@@ -276,6 +275,23 @@ fn bad_bundles() {
         ok(vm, "umount /tmp/stick");
         vm.unplug_usb().expect("unplug");
     });
+}
+
+/// A USB stick image holding one bundle, as an operator carries it.
+fn bundle_stick(bundle: &Path, tag: &str) -> PathBuf {
+    let stick = dir().join(format!("{tag}-stick.img"));
+    nasos_qemu::usb_stick(bundle, &stick).expect("stick");
+    stick
+}
+
+/// Plugs a stick into the box and waits until its filesystem is seen.
+fn plug(vm: &mut Vm, stick: &Path) {
+    vm.plug_usb(stick).expect("plug the stick");
+    poll(vm, "blkid -L NASOS-USB || true", "/dev/", Duration::from_secs(60));
+}
+
+fn machine_id(vm: &mut Vm) -> String {
+    ok(vm, "cat /etc/machine-id").trim().to_string()
 }
 
 fn fat_with(files: &[PathBuf], out: &Path) {
@@ -333,15 +349,12 @@ fn check_running(vm: &mut Vm, version: &str, slot: &str, machine_id: &str) {
 }
 
 fn v2_from_usb() {
-    let v2 = BUILT.with(|b| b.v2.clone());
-    let stick = dir().join("v2-stick.img");
-    nasos_qemu::usb_stick(&v2, &stick).expect("stick");
+    let stick = bundle_stick(&BUILT.with(|b| b.v2.clone()), "v2");
     VM.with(|vm| {
-        let id = ok(vm, "cat /etc/machine-id").trim().to_string();
-        vm.plug_usb(&stick).expect("plug");
+        let id = machine_id(vm);
+        plug(vm, &stick);
         // The reference for the apply's write rate: the same bytes from the same stick, written
         // plainly to the same slot until durable.
-        poll(vm, "blkid -L NASOS-USB || true", "/dev/", Duration::from_secs(60));
         let dd = ok(vm, "mkdir -p /tmp/stick && mount -o ro -L NASOS-USB /tmp/stick && dd if=/tmp/stick/qemu-dev-0.2.0.nasos of=/dev/vda3 bs=4M conv=fsync 2>&1 | tail -1; umount /tmp/stick");
         let (out, code) = vm.run("nasctl upgrade apply usb:", Duration::from_secs(900)).expect("apply");
         assert_eq!(code, 0, "{out}");
@@ -366,13 +379,10 @@ fn v2_from_usb() {
 }
 
 fn v3_from_file() {
-    let v3 = BUILT.with(|b| b.v3.clone());
-    let stick = dir().join("v3-stick.img");
-    nasos_qemu::usb_stick(&v3, &stick).expect("stick");
+    let stick = bundle_stick(&BUILT.with(|b| b.v3.clone()), "v3");
     VM.with(|vm| {
-        let id = ok(vm, "cat /etc/machine-id").trim().to_string();
-        vm.plug_usb(&stick).expect("plug");
-        poll(vm, "blkid -L NASOS-USB || true", "/dev/", Duration::from_secs(60));
+        let id = machine_id(vm);
+        plug(vm, &stick);
         // As an operator copies it onto a dataset (over NFS, here from the stick).
         ok(vm, "mkdir -p /tmp/stick && mount -o ro -L NASOS-USB /tmp/stick && cp /tmp/stick/qemu-dev-0.3.0.nasos /export/tank/scratch/ && umount /tmp/stick");
         vm.unplug_usb().expect("unplug");
@@ -393,11 +403,9 @@ fn v3_from_file() {
 /// always does, whatever the reboot-loop guard says), systemd-boot counts its tries down, and
 /// then 0.3.0 boots again, says it was rolled back and why, and serves as before.
 fn rollback() {
-    let broken = BUILT.with(|b| b.broken.clone());
-    let stick = dir().join("v4-stick.img");
-    nasos_qemu::usb_stick(&broken, &stick).expect("stick");
+    let stick = bundle_stick(&BUILT.with(|b| b.broken.clone()), "v4");
     VM.with(|vm| {
-        vm.plug_usb(&stick).expect("plug");
+        plug(vm, &stick);
         let (out, code) = vm.run("nasctl upgrade apply usb:", Duration::from_secs(900)).expect("apply");
         assert_eq!(code, 0, "{out}");
         assert!(out.contains("installed on slot b (entry nasos-0.4.0+2.efi"), "{out}");
@@ -434,12 +442,10 @@ fn rollback() {
 /// good entry, 0.3.0, would boot otherwise), is blessed after its healthy time, and the newer
 /// entry is then removed, so the next reboot starts 0.2.0 again.
 fn downgrade() {
-    let v2 = BUILT.with(|b| b.v2.clone());
-    let stick = dir().join("v2-stick.img");
-    nasos_qemu::usb_stick(&v2, &stick).expect("stick");
+    let stick = bundle_stick(&BUILT.with(|b| b.v2.clone()), "v2");
     VM.with(|vm| {
-        let id = ok(vm, "cat /etc/machine-id").trim().to_string();
-        vm.plug_usb(&stick).expect("plug");
+        let id = machine_id(vm);
+        plug(vm, &stick);
         let (out, code) = vm.run("nasctl upgrade apply usb:", Duration::from_secs(600)).expect("apply");
         assert_ne!(code, 0, "{out}");
         assert!(out.contains("older than the running 0.3.0; add --allow-downgrade"), "{out}");
