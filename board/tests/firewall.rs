@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use nasos_board::load_recipe_file;
-use nasos_board::plan::firewall::{allowed, ruleset};
+use nasos_board::plan::firewall::{allowed, nfs_addresses, ruleset};
 
 fn plan(recipe: &str) -> nasos_board::Plan {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes").join(recipe);
@@ -51,4 +51,12 @@ fn a_client_box_answers_roce_on_its_fabric_and_what_its_recipe_allows() {
     assert!(f.contains(&"data0 udp/4791 from [10.77.0.0/24]".to_string()), "{f:#?}");
     assert!(f.iter().all(|l| !l.contains("tcp/2049")), "a box without exports serves no NFS: {f:#?}");
     assert!(f.iter().any(|l| l.contains("udp/514")), "the recipe's syslog receiver: {f:#?}");
+}
+
+#[test]
+fn nfsd_listens_on_the_data_addresses_only() {
+    assert_eq!(nfs_addresses(&plan("qemu-dev.toml")), ["10.77.0.1"]);
+    // Not on the management port's 192.168.10.20.
+    assert_eq!(nfs_addresses(&plan("ts-h1290fx.toml")), ["10.40.0.10", "10.40.1.10"]);
+    assert!(nfs_addresses(&plan("qemu-client.toml")).is_empty());
 }

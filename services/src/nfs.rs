@@ -23,6 +23,7 @@ const WATCH: Duration = Duration::from_secs(2);
 
 pub fn serve() -> anyhow::Result<()> {
     let plan = plan()?;
+    let addresses = nasos_board::plan::firewall::nfs_addresses(&plan);
     let Some(nfs) = plan.nfs else { bail!("the plan has no NFS server") };
     // SIGTERM and SIGCHLD are taken in the watch loop below, not by default handlers.
     let signals = Signals::take(&[Sig::SIGTERM, Sig::SIGCHLD])?;
@@ -68,7 +69,7 @@ pub fn serve() -> anyhow::Result<()> {
     }
     daemons.push(mountd.spawn().context("starting rpc.mountd")?);
     run("exportfs", &["-ra"])?;
-    start_nfsd(&nfs)?;
+    start_nfsd(&nfs, &addresses)?;
     if holds(nfsdcld_pid, |t| t == Path::new(CLD_PIPE)) {
         say("NFSv4 client records kept by nfsdcld on the state partition");
     } else {
@@ -76,7 +77,12 @@ pub fn serve() -> anyhow::Result<()> {
             "nfsd did not take nfsdcld's pipe {CLD_PIPE}: it tracks clients the legacy way, and a client that first mounts during a grace period cannot reclaim after the next reboot"
         ));
     }
-    let ports: Vec<String> = nfsd::listeners().iter().map(|l| format!("{} {}", l.transport, l.port)).collect();
+    let bound = nfsd::parse_nfsdctl_listeners(&run("nfsdctl", &["listener"]).unwrap_or_default());
+    let ports: Vec<String> = if bound.is_empty() {
+        nfsd::listeners().iter().map(|l| format!("{} {}", l.transport, l.port)).collect()
+    } else {
+        bound.iter().map(|l| l.replacen(':', " ", 1)).collect()
+    };
     say(format!("nfsd listening: {}", ports.join(", ")));
     let off_note =
         if off.is_empty() { String::new() } else { format!("; not serving {} (not mounted)", off.join(", ")) };
@@ -202,7 +208,10 @@ fn watch_listeners(nfs: &NfsPlan, said: &mut Option<String>) {
         match nfsd::ensure_listener("rdma", port) {
             Ok(false) => None,
             Ok(true) => {
-                say(format!("nfsd was restarted without its RDMA listener: re-added rdma {port}"));
+                say(format!(
+                    "nfsd was restarted without its RDMA listener: re-added rdma {port} (on every address, as nfsd's own \
+                     sockets are after a restart outside nasos; `nasctl restart nfs` binds them to the data links again)"
+                ));
                 None
             }
             Err(e) => Some(format!("nfsd lost its RDMA listener and it could not be re-added: {e}")),
@@ -214,9 +223,44 @@ fn watch_listeners(nfs: &NfsPlan, said: &mut Option<String>) {
     *said = news;
 }
 
-/// Starts nfsd with the planned threads and versions, then makes sure the RDMA listener is
-/// there (a restarted nfsd loses it).
-fn start_nfsd(nfs: &NfsPlan) -> anyhow::Result<()> {
+/// Starts nfsd with the planned threads and versions, listening on `addresses` only (the data
+/// links', see `firewall::nfs_addresses`): nfsdctl sets the versions and the TCP and RDMA
+/// listeners over netlink before the threads start, so the kernel makes no wildcard socket.
+/// Without addresses (no data link has one) nfsd listens on every address, as rpc.nfsd does.
+fn start_nfsd(nfs: &NfsPlan, addresses: &[String]) -> anyhow::Result<()> {
+    if addresses.is_empty() {
+        say("no data link has an address: nfsd listens on every address");
+        return start_nfsd_everywhere(nfs);
+    }
+    let versions = version_args(nfs);
+    run("nfsdctl", &versions.iter().map(String::as_str).collect::<Vec<_>>()).context("nfsdctl version")?;
+    let wanted = nfsd::bound_listeners(addresses, nfs.tcp_port, nfs.rdma_port);
+    let mut args = vec!["listener".to_string()];
+    args.extend(wanted.iter().map(|l| format!("+{l}")));
+    run("nfsdctl", &args.iter().map(String::as_str).collect::<Vec<_>>())
+        .map_err(|e| anyhow::anyhow!("{e} (is rpcrdma loaded?)"))
+        .context("nfsdctl listener")?;
+    run("nfsdctl", &["threads", &nfs.threads.to_string()]).context("nfsdctl threads")?;
+    let have = nfsd::parse_nfsdctl_listeners(&run("nfsdctl", &["listener"]).unwrap_or_default());
+    let missing: Vec<&String> = wanted.iter().filter(|w| !have.contains(w)).collect();
+    if !missing.is_empty() {
+        bail!("nfsd lacks the listeners {missing:?} (it has {have:?})");
+    }
+    Ok(())
+}
+
+/// `nfsdctl version` arguments: each version on or off as the plan says.
+fn version_args(nfs: &NfsPlan) -> Vec<String> {
+    let mut args = vec!["version".to_string()];
+    for v in ["3", "4.0", "4.1", "4.2"] {
+        let on = nfs.versions.iter().any(|x| x.as_str() == v);
+        args.push(format!("{}{v}", if on { '+' } else { '-' }));
+    }
+    args
+}
+
+/// rpc.nfsd's way: every address, TCP first, then the RDMA listener through portlist.
+fn start_nfsd_everywhere(nfs: &NfsPlan) -> anyhow::Result<()> {
     let mut args: Vec<String> = Vec::new();
     for v in ["3", "4.0", "4.1", "4.2"] {
         let on = nfs.versions.iter().any(|x| x.as_str() == v);

@@ -100,9 +100,95 @@ pub fn has_listener(list: &[Listener], transport: &str, port: u16) -> bool {
     list.iter().any(|l| l.transport == transport && l.port == port)
 }
 
+/// The listeners nfsd should have when bound to `addresses`, as `nfsdctl listener` writes them:
+/// `tcp:10.77.0.1:2049`, `rdma:[fd00::1]:20049`.
+pub fn bound_listeners(addresses: &[String], tcp: u16, rdma: Option<u16>) -> Vec<String> {
+    let host = |a: &str| if a.contains(':') { format!("[{a}]") } else { a.to_string() };
+    let mut out: Vec<String> = addresses.iter().map(|a| format!("tcp:{}:{tcp}", host(a))).collect();
+    if let Some(p) = rdma {
+        out.extend(addresses.iter().map(|a| format!("rdma:{}:{p}", host(a))));
+    }
+    out
+}
+
+/// `nfsdctl listener`'s lines (`transport:address:port`), sorted.
+pub fn parse_nfsdctl_listeners(text: &str) -> Vec<String> {
+    let mut v: Vec<String> =
+        text.lines().map(str::trim).filter(|l| l.matches(':').count() >= 2).map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+/// The local addresses of the TCP sockets listening on `port`, from /proc/net/tcp and tcp6
+/// (`0.0.0.0` or `::` when bound to every address).
+pub fn tcp_listening_on(port: u16) -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        out.extend(parse_proc_net_tcp(&std::fs::read_to_string(f).unwrap_or_default(), port));
+    }
+    out
+}
+
+/// Parses /proc/net/tcp{,6}: `sl local_address rem_address st …`, addresses as hex in the
+/// kernel's byte order (each 32-bit word little-endian), the port big-endian hex, st 0A = LISTEN.
+pub fn parse_proc_net_tcp(text: &str, port: u16) -> Vec<std::net::IpAddr> {
+    let word = |h: &str| u32::from_str_radix(h, 16).ok().map(|w| w.to_le_bytes());
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let local = f.nth(1)?;
+            let state = f.nth(1)?;
+            if state != "0A" {
+                return None;
+            }
+            let (addr, p) = local.split_once(':')?;
+            if u16::from_str_radix(p, 16).ok()? != port {
+                return None;
+            }
+            match addr.len() {
+                8 => Some(std::net::IpAddr::from(word(addr)?)),
+                32 => {
+                    let mut b = [0u8; 16];
+                    for i in 0..4 {
+                        b[i * 4..i * 4 + 4].copy_from_slice(&word(&addr[i * 8..i * 8 + 8])?);
+                    }
+                    Some(std::net::IpAddr::from(b))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listeners_are_bound_to_each_address() {
+        let want = bound_listeners(&["10.77.0.1".into(), "fd00::1".into()], 2049, Some(20049));
+        assert_eq!(want, ["tcp:10.77.0.1:2049", "tcp:[fd00::1]:2049", "rdma:10.77.0.1:20049", "rdma:[fd00::1]:20049"]);
+        assert_eq!(bound_listeners(&["10.0.0.1".into()], 2049, None), ["tcp:10.0.0.1:2049"]);
+        // As nfsdctl 2.8.3 prints them.
+        let have = parse_nfsdctl_listeners("rdma:10.77.0.1:20049\ntcp:10.77.0.1:2049\n\nnfsdctl: noise\n");
+        assert_eq!(have, ["rdma:10.77.0.1:20049", "tcp:10.77.0.1:2049"]);
+    }
+
+    #[test]
+    fn listening_sockets_are_read_with_their_addresses() {
+        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 01004D0A:0801 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 00000000:2384 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0
+   2: 01004D0A:0801 82004D0A:03FF 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 100 0 0 10 0
+";
+        assert_eq!(parse_proc_net_tcp(v4, 2049), vec![std::net::IpAddr::from([10, 77, 0, 1])]);
+        assert_eq!(parse_proc_net_tcp(v4, 9092), vec![std::net::IpAddr::from([0, 0, 0, 0])]);
+        let v6 = "  sl  local_address                         remote_address                        st
+   0: 00000000000000000000000000000000:0801 00000000000000000000000000000000:0000 0A 0
+";
+        assert_eq!(parse_proc_net_tcp(v6, 2049), vec!["::".parse::<std::net::IpAddr>().expect("ip")]);
+    }
 
     #[test]
     fn portlist_is_parsed() {

@@ -160,6 +160,27 @@ pub fn allowed(plan: &Plan) -> Vec<Allow> {
     out
 }
 
+/// The addresses nfsd listens on (TCP and RDMA): those of the interfaces NFS is accepted on, in
+/// plan order. Bound there, not to every address, so a link the recipe keeps NFS off (the
+/// management port) has no NFS socket at all, firewall or not. Empty: the plan serves no NFS.
+pub fn nfs_addresses(plan: &Plan) -> Vec<String> {
+    let nfs_links: Vec<String> = allowed(plan).into_iter().filter(|a| a.why == "NFS").map(|a| a.link).collect();
+    let mut out: Vec<String> = Vec::new();
+    for link in &plan.links {
+        for (ifname, addrs) in interfaces(link) {
+            if nfs_links.contains(&ifname) {
+                for a in addrs {
+                    let ip = a.split('/').next().unwrap_or(&a).to_string();
+                    if !out.contains(&ip) {
+                        out.push(ip);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A link's interfaces (itself and its VLANs) with their addresses.
 fn interfaces(link: &super::LinkPlan) -> Vec<(String, Vec<String>)> {
     let mut v = vec![(link.name.clone(), link.addresses.clone())];
