@@ -143,6 +143,8 @@ pub fn load_recipe(file: &SourceFile) -> Result<Loaded, Report> {
         }
     };
     let key_files = read_keys(&file.name, &recipe.upgrade.trusted_keys);
+    let db_file = read_keys(&file.name, &recipe.secure_boot.iter().map(|s| s.db.clone()).collect::<Vec<_>>());
+    report.diagnostics.extend(validate::secure_boot(&doc, &recipe, db_file.first()));
     report.diagnostics.extend(validate::recipe(&doc, &recipe, &board));
     let (keys, diags) = validate::trusted_keys(&doc, &recipe, &key_files);
     report.diagnostics.extend(diags);

@@ -57,6 +57,9 @@ pub struct Recipe {
     /// Field upgrades: who may sign them and how many tries a new slot gets.
     #[serde(default)]
     pub upgrade: Upgrade,
+    /// UEFI Secure Boot: the db key that signs the boot chain and the out-of-tree modules.
+    #[serde(default)]
+    pub secure_boot: Option<SecureBoot>,
     /// How long bring-up may take before nasinit acts: per-service start timeouts, the
     /// boot-to-ready deadline, and how many missed deadlines in a row before the box stays up.
     #[serde(default)]
@@ -744,6 +747,17 @@ fn default_capacity() -> u32 {
 }
 fn default_interval() -> u32 {
     10
+}
+
+/// UEFI Secure Boot with the builder's own keys (made by `nasos keygen --secure-boot DIR`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecureBoot {
+    /// The db certificate (PEM, relative to this recipe) the box's firmware trusts. `nasos build`
+    /// signs systemd-boot, the UKI and the ZFS modules with its key: `--secure-boot-key FILE`, or
+    /// the `.key` file beside the certificate. `nasos qemu` enrolls it with the PK and KEK
+    /// certificates beside it and boots with Secure Boot on.
+    pub db: String,
 }
 
 /// Field upgrades: who may sign them, what they may replace, how many tries a new slot gets.

@@ -272,6 +272,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 println!("boot      {} (last boot ended: {last})", s.boot);
             }
             println!("state     {}", s.state_partition);
+            println!("firmware  {}", secure_boot_line(std::path::Path::new("/sys")));
             if !s.why_not_ready.is_empty() {
                 println!("NOT READY {}", s.why_not_ready);
             }
@@ -773,5 +774,56 @@ mod tests {
         assert_eq!(gib(Some(2 << 30)), "2.00G");
         assert_eq!(gib(Some(50_465_865_728)), "47.0G");
         assert_eq!(gib(Some(196_416)), "192K");
+    }
+}
+
+/// Whether the firmware enforces Secure Boot (its `SecureBoot` variable) and how the kernel is
+/// locked down, as one line of `nasctl status`.
+fn secure_boot_line(sys: &std::path::Path) -> String {
+    // efivarfs is mounted on first use (nasinit mounts it only to judge a boot on trial).
+    if sys.join("firmware/efi").exists() {
+        let _ = nasos_services::upgrade::efivars();
+    }
+    let var = sys.join("firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c");
+    let lockdown = std::fs::read_to_string(sys.join("kernel/security/lockdown")).ok();
+    describe_secure_boot(sys.join("firmware/efi").exists(), std::fs::read(var).ok().as_deref(), lockdown.as_deref())
+}
+
+/// `var`: the variable as efivarfs gives it (4 bytes of attributes, then one byte: 1 = on).
+/// `lockdown`: `none [integrity] confidentiality`, the bracketed mode being the current one.
+fn describe_secure_boot(efi: bool, var: Option<&[u8]>, lockdown: Option<&str>) -> String {
+    if !efi {
+        return "legacy BIOS boot (no UEFI, no Secure Boot)".into();
+    }
+    let mode = lockdown
+        .and_then(|l| l.split_whitespace().find(|w| w.starts_with('[')))
+        .map(|w| w.trim_matches(['[', ']']).to_string());
+    match (var.and_then(|v| v.get(4)), mode.as_deref()) {
+        (Some(1), Some(m)) if m != "none" => format!("UEFI, Secure Boot on, kernel locked down ({m})"),
+        (Some(1), _) => "UEFI, Secure Boot on, kernel NOT locked down".into(),
+        (Some(_), _) => "UEFI, Secure Boot off: the boot chain is not verified".into(),
+        (None, _) => "UEFI, Secure Boot state unknown (efivarfs not mounted)".into(),
+    }
+}
+
+#[cfg(test)]
+mod secure_boot_tests {
+    use super::describe_secure_boot;
+
+    #[test]
+    fn reads_the_variable_and_the_lockdown_mode() {
+        let on = [7, 0, 0, 0, 1];
+        let off = [6, 0, 0, 0, 0];
+        assert_eq!(
+            describe_secure_boot(true, Some(&on), Some("none [integrity] confidentiality\n")),
+            "UEFI, Secure Boot on, kernel locked down (integrity)"
+        );
+        assert_eq!(
+            describe_secure_boot(true, Some(&on), Some("[none] integrity confidentiality")),
+            "UEFI, Secure Boot on, kernel NOT locked down"
+        );
+        assert!(describe_secure_boot(true, Some(&off), Some("[none] integrity")).contains("Secure Boot off"));
+        assert!(describe_secure_boot(true, None, None).contains("unknown"));
+        assert!(describe_secure_boot(false, None, None).contains("legacy"));
     }
 }

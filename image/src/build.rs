@@ -16,7 +16,7 @@ use crate::lock::{self, Lock};
 use crate::root::{self, Binaries};
 use crate::rootfs::{self, Cache};
 use crate::stage::{Key, Stages, write_atomic};
-use crate::{host, uki, zfs};
+use crate::{host, secureboot, uki, zfs};
 
 /// Bumped when a stage's own logic changes in a way its inputs do not show.
 const STAGE_LOGIC: &str = "nasos-build-2";
@@ -30,6 +30,8 @@ pub struct Options {
     pub update_lock: bool,
     /// Redo every stage (the ZFS module excepted: it is cached by kernel and ZFS version).
     pub rebuild: bool,
+    /// The Secure Boot db key, where it is not beside the recipe's certificate.
+    pub secure_boot_key: Option<PathBuf>,
 }
 
 pub struct Outputs {
@@ -49,6 +51,22 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         // An image for the emulated twin is built to be booted: have QEMU and OVMF ready too.
         host::ensure(host::QEMU)?;
     }
+    let signer = match secureboot::db_cert(&opts.recipe, plan) {
+        Some(cert) => {
+            host::ensure(host::SIGN)?;
+            if plan.image.emulated_board {
+                host::ensure(host::SECURE_QEMU)?;
+            }
+            let key = opts.secure_boot_key.clone().unwrap_or_else(|| cert.with_extension("key"));
+            let s = secureboot::Signer { cert, key };
+            s.check()?;
+            Some(s)
+        }
+        None if opts.secure_boot_key.is_some() => {
+            bail!("--secure-boot-key was given, but {} has no [secure_boot] db to sign for", opts.recipe.display())
+        }
+        None => None,
+    };
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let cache = Cache::open()?;
     let bins = Binaries::beside_self()?;
@@ -133,11 +151,27 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             k.str(&m).file(&d.join(&m))?;
         }
     }
+    if let Some(s) = &signer {
+        // Signed modules: their signatures follow from the modules and the certificate (the
+        // key is checked to be the certificate's).
+        k.str("signed-modules").file(&s.cert)?;
+    }
     stages.run("root", &k, &[&root_img, &initrd, &vmlinuz, &verity_file, &boot_efi, &stub], || {
         let tree = opts.out.join("tree");
         root::assemble(&tar, &tree, plan, &plan_json, &bins)?;
         if let Some(d) = &zfs_dir {
-            zfs::install(d, &tree, &kernel_release)?;
+            match &signer {
+                Some(s) => {
+                    // Under Secure Boot the kernel is locked down and loads only signed modules;
+                    // Debian's kernel checks them against the UEFI db.
+                    let signed = opts.out.join("signed-modules");
+                    let _ = std::fs::remove_dir_all(&signed);
+                    secureboot::sign_modules(s, d, &zfs::modules_in(d), &signed)?;
+                    zfs::install(&signed, &tree, &kernel_release)?;
+                    std::fs::remove_dir_all(&signed)?;
+                }
+                None => zfs::install(d, &tree, &kernel_release)?,
+            }
         }
         let (kept, removed) = root::prune_modules(&tree, &kernel_release, plan)?;
         let tree_mib = root::tree_size(&tree) >> 20;
@@ -176,9 +210,17 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     cmdline.extend(RootArgs { verity: verity.clone(), init: None }.to_args());
     let cmdline = cmdline.join(" ");
     let uki_path = opts.out.join("nasos.efi");
+    // What the ESP boots: systemd-boot as packaged, or signed for the recipe's db.
+    let boot_signed = opts.out.join("systemd-bootx64.signed.efi");
+    let esp_boot = if signer.is_some() { boot_signed.clone() } else { boot_efi.clone() };
     let mut k = Key::new("uki");
     k.str(STAGE_LOGIC).str(&tool).str(&cmdline).file(&vmlinuz)?.file(&initrd)?.file(&stub)?;
-    stages.run("uki", &k, &[&uki_path], || {
+    let mut uki_outputs = vec![uki_path.as_path()];
+    if let Some(s) = &signer {
+        k.str("signed").str(&epoch.to_string()).file(&s.cert)?.file(&boot_efi)?;
+        uki_outputs.push(boot_signed.as_path());
+    }
+    stages.run("uki", &k, &uki_outputs, || {
         let cmd_file = opts.out.join("cmdline.txt");
         std::fs::write(&cmd_file, &cmdline)?;
         let osrel = opts.out.join("os-release");
@@ -188,8 +230,22 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         )?;
         let tmp = crate::stage::tmp_path(&uki_path);
         uki::build(&stub, &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel: &vmlinuz, initrd: &initrd }, &tmp, epoch)?;
+        let signed = match &signer {
+            // Signing is the very last change: objcopy on a signed UKI breaks its signature.
+            Some(s) => {
+                let unsigned = tmp.with_extension("unsigned");
+                std::fs::rename(&tmp, &unsigned)?;
+                s.sign_efi(&unsigned, &tmp, epoch)?;
+                std::fs::remove_file(&unsigned)?;
+                let btmp = crate::stage::tmp_path(&boot_signed);
+                s.sign_efi(&boot_efi, &btmp, epoch)?;
+                std::fs::rename(&btmp, &boot_signed)?;
+                format!(", systemd-boot and the UKI signed for {}", s.subject_cn()?)
+            }
+            None => String::new(),
+        };
         std::fs::rename(&tmp, &uki_path)?;
-        Ok(format!("{} MiB", mib(&uki_path)))
+        Ok(format!("{} MiB{signed}", mib(&uki_path)))
     })?;
 
     // The disk.
@@ -202,9 +258,9 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let entry = entry::blessed_path(&plan.image.version);
     let mut k = Key::new("disk");
     k.str(STAGE_LOGIC).str(&tool).str(&entry).str(&format!("{ESP_MIB}/{slot_mib}/{DATA_MIB}/{epoch}"));
-    k.file(&uki_path)?.file(&root_img)?.file(&boot_efi)?;
+    k.file(&uki_path)?.file(&root_img)?.file(&esp_boot)?;
     stages.run("disk", &k, &[&disk_raw, &disk_qcow2], || {
-        let boot = std::fs::read(&boot_efi).context("reading systemd-boot")?;
+        let boot = std::fs::read(&esp_boot).context("reading systemd-boot")?;
         let esp = vec![
             ("EFI/BOOT/BOOTX64.EFI".to_string(), boot.clone()),
             ("EFI/systemd/systemd-bootx64.efi".to_string(), boot),

@@ -39,6 +39,21 @@ pub const QEMU: &[Tool] = &[
     tool("/usr/share/OVMF/OVMF_VARS_4M.fd", "ovmf"),
 ];
 
+/// What signing a Secure Boot image needs on top of a build.
+pub const SIGN: &[Tool] = &[
+    tool("/usr/bin/sbsign", "sbsigntool"),
+    tool("/usr/bin/sbverify", "sbsigntool"),
+    tool("/usr/bin/faketime", "faketime"),
+    tool("/usr/bin/openssl", "openssl"),
+];
+
+/// What booting a Secure Boot image in QEMU needs on top: the enforcing firmware and the tool
+/// that enrolls keys in its variable store.
+pub const SECURE_QEMU: &[Tool] = &[
+    tool("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", "ovmf"),
+    Tool { path: "/usr/bin/virt-fw-vars", package: "python3-virt-firmware", backports: true },
+];
+
 const BACKPORTS_LIST: &str = "/etc/apt/sources.list.d/nasos-bookworm-backports.list";
 
 /// Ensures every tool exists, installing what is missing when running as root.

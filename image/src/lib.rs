@@ -14,6 +14,7 @@ pub mod progress;
 pub mod root;
 pub mod rootfs;
 pub mod sbom;
+pub mod secureboot;
 pub mod stage;
 pub mod uki;
 pub mod vm;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use nasos_board::{Loaded, Report, load_recipe_file, schema};
-use nasos_image::{build, bundle, flash, vm};
+use nasos_image::{build, bundle, flash, secureboot, vm};
 
 #[derive(Parser)]
 #[command(name = "nasos", version, about = "Build and boot nasos, the NFS-over-RDMA storage appliance firmware")]
@@ -62,6 +62,10 @@ enum Command {
         /// cached by kernel and ZFS version, excepted).
         #[arg(long)]
         rebuild: bool,
+        /// The Secure Boot db key, where it is not beside the recipe's [secure_boot] db
+        /// certificate (a product key kept off the repository).
+        #[arg(long)]
+        secure_boot_key: Option<PathBuf>,
     },
     /// Build the image if needed and boot it on the emulated twin board (QEMU, TCG).
     Qemu {
@@ -130,6 +134,11 @@ enum Command {
         /// The files' name.
         #[arg(long, default_value = "nasos")]
         name: String,
+        /// Make the UEFI Secure Boot keys instead: PK, KEK and db (X.509 certificates and their
+        /// keys) and the owner GUID they are enrolled under. A recipe names db.crt in
+        /// [secure_boot] db; `nasos qemu` enrolls all three in the VM's firmware.
+        #[arg(long)]
+        secure_boot: bool,
         /// Leave the secret key unencrypted (development and CI keys). Otherwise it is encrypted
         /// with a password: NASOS_KEY_PASSWORD, or asked on the terminal.
         #[arg(long)]
@@ -154,6 +163,10 @@ enum Command {
         /// whether its payloads match the manifest.
         #[arg(long)]
         inspect: Option<PathBuf>,
+        /// The Secure Boot db key the image is signed with, where it is not beside the
+        /// recipe's [secure_boot] db certificate.
+        #[arg(long, conflicts_with = "inspect")]
+        secure_boot_key: Option<PathBuf>,
     },
     /// Print the JSON Schema of recipe or board files, for editors (e.g. taplo, VS Code Even Better TOML).
     Schema {
@@ -227,11 +240,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Build { recipe, out, update_lock, timings, rebuild } => {
+        Command::Build { recipe, out, update_lock, timings, rebuild, secure_boot_key } => {
             let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
             let plan = loaded.plan();
             let out = out.unwrap_or_else(|| PathBuf::from("build").join(&plan.image.name));
-            let opts = build::Options { recipe: recipe.clone(), out, update_lock, rebuild };
+            let opts = build::Options { recipe: recipe.clone(), out, update_lock, rebuild, secure_boot_key };
             let outputs = build::build(&opts, &plan)?;
             if timings {
                 eprint!("{}", outputs.stages.table());
@@ -293,7 +306,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{} written to {} and verified (sha256 {digest})", image.display(), device.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Keygen { out, name, no_password } => {
+        Command::Keygen { out, name, secure_boot: true, .. } => {
+            for p in secureboot::keygen(&out, &name)? {
+                println!("{}", p.display());
+            }
+            eprintln!(
+                "nasos: keep the three .key files secret (db.key signs images, PK.key and KEK.key change what \
+                 a box trusts); name {} in a recipe's [secure_boot] db",
+                secureboot::cert_path(&out, "db").display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Keygen { out, name, no_password, secure_boot: false } => {
             let (public, secret) = bundle::keygen(&out, &name, !no_password)?;
             println!("{}", public.display());
             println!("{}", secret.display());
@@ -351,14 +375,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(if good { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Command::Bundle { recipe, key, out, build: build_dir, inspect: None } => {
+        Command::Bundle { recipe, key, out, build: build_dir, inspect: None, secure_boot_key } => {
             let (Some(recipe), Some(key)) = (recipe, key) else {
                 anyhow::bail!("nasos bundle needs a RECIPE and --key SECRET (or --inspect FILE)");
             };
             let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
             let plan = loaded.plan();
             let dir = build_dir.unwrap_or_else(|| PathBuf::from("build").join(&plan.image.name));
-            let opts = build::Options { recipe: recipe.clone(), out: dir.clone(), update_lock: false, rebuild: false };
+            let opts = build::Options {
+                recipe: recipe.clone(),
+                out: dir.clone(),
+                update_lock: false,
+                rebuild: false,
+                secure_boot_key: secure_boot_key.clone(),
+            };
             let outputs = build::build(&opts, &plan)?;
             let file = out.unwrap_or_else(|| {
                 dir.join(format!("{}-{}.{}", plan.image.name, plan.image.version, nasos_bundle::EXTENSION))

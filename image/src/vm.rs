@@ -43,7 +43,13 @@ fn prepare(recipe: &Path, loaded: &Loaded, state: Option<PathBuf>) -> anyhow::Re
     }
     let out = PathBuf::from("build").join(&plan.image.name);
     let outputs = build::build(
-        &build::Options { recipe: recipe.to_path_buf(), out: out.clone(), update_lock: false, rebuild: false },
+        &build::Options {
+            recipe: recipe.to_path_buf(),
+            out: out.clone(),
+            update_lock: false,
+            rebuild: false,
+            secure_boot_key: None,
+        },
         &plan,
     )?;
     let state = state.unwrap_or_else(|| out.join("vm"));
@@ -60,6 +66,14 @@ fn prepare(recipe: &Path, loaded: &Loaded, state: Option<PathBuf>) -> anyhow::Re
         "qemu-img create",
     )?;
     Ok((state, run))
+}
+
+/// The directory of the test keys a Secure Boot image's VM enrolls: its db certificate's.
+fn secure_boot_keys(recipe: &Path, plan: &nasos_board::Plan) -> Option<PathBuf> {
+    let db = crate::secureboot::db_cert(recipe, plan)?;
+    let dir = db.parent().map(Path::to_path_buf).unwrap_or_default();
+    eprintln!("nasos: Secure Boot on, with the PK, KEK and db of {} enrolled", dir.display());
+    Some(dir)
 }
 
 pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>) -> anyhow::Result<ExitCode> {
@@ -132,6 +146,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
         qmp: opts.qmp.clone(),
         links: links.clone(),
         usb: usb.clone(),
+        secure_boot: secure_boot_keys(&opts.recipe, &plan),
     };
     nasos_qemu::prepare_state(&spec)?;
     for l in &links {
@@ -151,7 +166,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
     }
 
     let mut children: Vec<Child> = Vec::new();
-    for (Companion { role, loaded: c, serial, qmp, memory, .. }, cstate, cdisk) in prepared {
+    for (Companion { role, recipe: crecipe, loaded: c, serial, qmp, memory }, cstate, cdisk) in prepared {
         let cplan = c.plan();
         // The client's links plug into the appliance's, in order; the peer's first link into the
         // first link's hub.
@@ -189,6 +204,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
             qmp,
             links: clinks,
             usb: None,
+            secure_boot: secure_boot_keys(&crecipe, &cplan),
         };
         nasos_qemu::prepare_state(&cspec)?;
         let log = std::fs::File::create(cstate.join("qemu.log"))?;

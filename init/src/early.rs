@@ -25,6 +25,14 @@ pub fn mount_api_filesystems(console: &Console) {
     let table = [
         Mount { source: "proc", target: "/proc", fstype: "proc", flags: nosuid_nodev | MsFlags::MS_NOEXEC, data: "" },
         Mount { source: "sysfs", target: "/sys", fstype: "sysfs", flags: nosuid_nodev | MsFlags::MS_NOEXEC, data: "" },
+        // Where the kernel says whether it is locked down (Secure Boot), as systemd mounts it.
+        Mount {
+            source: "securityfs",
+            target: "/sys/kernel/security",
+            fstype: "securityfs",
+            flags: nosuid_nodev | MsFlags::MS_NOEXEC,
+            data: "",
+        },
         Mount { source: "devtmpfs", target: "/dev", fstype: "devtmpfs", flags: MsFlags::MS_NOSUID, data: "mode=0755" },
         Mount {
             source: "devpts",

@@ -13,6 +13,8 @@ use nasos_board::Board;
 
 pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// The firmware build that enforces Secure Boot (it needs SMM and a secure flash).
+pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 /// Size of each emulated bay (sparse).
 pub const BAY_SIZE: &str = "4G";
 
@@ -49,6 +51,37 @@ pub struct Spec {
     pub links: Vec<Link>,
     /// A raw disk image plugged in as a USB stick (see [`usb_stick`]).
     pub usb: Option<PathBuf>,
+    /// Secure Boot on, with the test keys of this directory enrolled (`PK.crt`, `KEK.crt`,
+    /// `db.crt`, `owner.guid`: what `nasos keygen --secure-boot` writes).
+    pub secure_boot: Option<PathBuf>,
+}
+
+/// Makes `out`, an EFI variable store holding only the keys of `keys` (PK, KEK, db) with Secure
+/// Boot on (python3-virt-firmware's `virt-fw-vars`).
+pub fn secure_boot_vars(keys: &Path, out: &Path) -> anyhow::Result<()> {
+    let guid_file = keys.join("owner.guid");
+    let guid = std::fs::read_to_string(&guid_file)
+        .with_context(|| format!("reading {} (`nasos keygen --secure-boot` writes it)", guid_file.display()))?;
+    let guid = guid.trim();
+    let mut c = Command::new("virt-fw-vars");
+    c.arg("--input").arg(OVMF_VARS).arg("--output").arg(out);
+    for (flag, role) in [("--set-pk", "PK"), ("--add-kek", "KEK"), ("--add-db", "db")] {
+        let cert = keys.join(format!("{role}.crt"));
+        if !cert.exists() {
+            bail!(
+                "{} is missing: a Secure Boot VM enrolls the PK, KEK and db certificates beside the recipe's db \
+                 (make test keys with `nasos keygen --secure-boot DIR`)",
+                cert.display()
+            );
+        }
+        c.arg(flag).arg(guid).arg(cert);
+    }
+    c.arg("--secure-boot");
+    let o = c.output().context("running virt-fw-vars (package python3-virt-firmware)")?;
+    if !o.status.success() {
+        bail!("virt-fw-vars failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(())
 }
 
 /// Makes `out`, a raw image of a FAT-formatted USB stick holding `file` at its top level, as an
@@ -88,11 +121,26 @@ pub fn prepare_state(spec: &Spec) -> anyhow::Result<()> {
             }
         }
     }
-    let vars = spec.state.join("OVMF_VARS.fd");
+    let vars = vars_path(spec);
     if !vars.exists() {
-        std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copying {OVMF_VARS}"))?;
+        match &spec.secure_boot {
+            Some(keys) => {
+                let tmp = vars.with_extension("tmp");
+                secure_boot_vars(keys, &tmp)?;
+                std::fs::rename(&tmp, &vars)?;
+            }
+            None => {
+                std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copying {OVMF_VARS}"))?;
+            }
+        }
     }
     Ok(())
+}
+
+/// The VM's EFI variables: a store of its own for Secure Boot, so a state directory that booted
+/// an unsigned image before does not keep Secure Boot off.
+pub fn vars_path(spec: &Spec) -> PathBuf {
+    spec.state.join(if spec.secure_boot.is_some() { "OVMF_VARS.secboot.fd" } else { "OVMF_VARS.fd" })
 }
 
 fn bay_path(spec: &Spec, bay: &str) -> PathBuf {
@@ -102,11 +150,20 @@ fn bay_path(spec: &Spec, bay: &str) -> PathBuf {
 /// The QEMU command line for a spec.
 pub fn command(spec: &Spec) -> Command {
     let mut c = Command::new("qemu-system-x86_64");
-    c.args(["-machine", "q35", "-accel", "tcg", "-cpu", "max", "-smp", "1"]);
+    let code = if spec.secure_boot.is_some() {
+        // Secure Boot's variables live in SMM-protected flash: the firmware refuses to run
+        // without both.
+        c.args(["-machine", "q35,smm=on", "-global", "driver=cfi.pflash01,property=secure,value=on"]);
+        OVMF_CODE_SECBOOT
+    } else {
+        c.args(["-machine", "q35"]);
+        OVMF_CODE
+    };
+    c.args(["-accel", "tcg", "-cpu", "max", "-smp", "1"]);
     c.arg("-m").arg(spec.memory_mib.to_string());
     c.args(["-nodefaults", "-display", "none", "-no-user-config"]);
-    c.arg("-drive").arg(format!("if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"));
-    c.arg("-drive").arg(format!("if=pflash,format=raw,unit=1,file={}", spec.state.join("OVMF_VARS.fd").display()));
+    c.arg("-drive").arg(format!("if=pflash,format=raw,unit=0,readonly=on,file={code}"));
+    c.arg("-drive").arg(format!("if=pflash,format=raw,unit=1,file={}", vars_path(spec).display()));
     let boot_serial = spec.board.boot.matcher.virtio_serial.clone().unwrap_or_else(|| "nasos-boot".into());
     c.arg("-drive").arg(format!("file={},if=none,id=boot,format=qcow2,cache=unsafe", spec.disk.display()));
     c.arg("-device").arg(format!("virtio-blk-pci,drive=boot,serial={boot_serial},bootindex=0"));

@@ -47,9 +47,26 @@ pub fn nasos(args: &[&str]) -> Built {
     b
 }
 
+/// Runs the release `nasos`: whether it succeeded, and its stderr.
+pub fn nasos_status(args: &[&str]) -> (bool, String) {
+    let out = Command::new(target_release().join("nasos")).args(args).current_dir(repo()).output().expect("run nasos");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 pub fn board(name: &str) -> nasos_board::Board {
     let (file, text) = nasos_board::find_board(name).expect("board");
     nasos_board::load_board(&nasos_board::SourceFile::new(file, text)).expect("valid board").0
+}
+
+/// The Secure Boot test keys (PK, KEK, db) of the end-to-end suites: made by `nasos keygen
+/// --secure-boot` the first time, kept after (a new key would re-sign every image).
+pub fn secure_boot_test_keys() -> PathBuf {
+    let dir = repo().join("build/e2e/secure-boot-keys");
+    if !dir.join("db.crt").exists() || !dir.join("owner.guid").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        nasos(&["keygen", "--secure-boot", "--out", &dir.display().to_string(), "--name", "nasos e2e"]);
+    }
+    dir
 }
 
 /// Writes `DIR/NAME.toml`, a variant of `recipes/BASE.toml` made by `edit`, with its lock beside
@@ -144,6 +161,11 @@ pub fn boot(dir: &Path, base: &Path, tag: &str, memory_mib: u32, link: Link, pre
 /// Boots the VM of `tag` again on the disk, bays and EFI variables it has (after a power cut,
 /// say): what was written before stays.
 pub fn boot_again(dir: &Path, tag: &str, memory_mib: u32, link: Link) -> Vm {
+    boot_again_with(dir, tag, memory_mib, link, None)
+}
+
+/// [`boot_again`], with Secure Boot on and the test keys of `secure_boot` enrolled when given.
+pub fn boot_again_with(dir: &Path, tag: &str, memory_mib: u32, link: Link, secure_boot: Option<PathBuf>) -> Vm {
     let state = dir.join(format!("vm-{tag}"));
     let disk = state.join("run.qcow2");
     let spec = Spec {
@@ -155,6 +177,7 @@ pub fn boot_again(dir: &Path, tag: &str, memory_mib: u32, link: Link) -> Vm {
         qmp: Some(state.join("qmp.sock")),
         links: vec![link],
         usb: None,
+        secure_boot,
     };
     Vm::start(&spec, &dir.join(format!("console-{tag}.log"))).expect("start QEMU")
 }

@@ -476,12 +476,24 @@ fn tampered_root() {
     vm.kill();
 }
 
-/// The product image builds too (it is not booted here: no TS-h1290FX under QEMU).
+/// The product image builds too (it is not booted here: no TS-h1290FX under QEMU). It is signed
+/// for the product's db, whose key is not here: without it the build stops before writing
+/// anything, saying how to give it; it is built signed for the test db instead.
 fn product_image() {
     build_binaries();
+    let out = dir().join("ts-h1290fx-unsigned");
+    let _ = std::fs::remove_dir_all(&out);
+    let refused = nasos_tests::nasos_status(&["build", "recipes/ts-h1290fx.toml", "--out", &out.display().to_string()]);
+    assert!(!refused.0, "built without the product's Secure Boot key");
+    assert!(refused.1.contains("nasos-product-db.key") && refused.1.contains("--secure-boot-key"), "{}", refused.1);
+    assert!(!out.join("disk.img").exists(), "a disk was written without its key");
+    let db = nasos_tests::secure_boot_test_keys().join("db.crt");
+    let recipe = nasos_tests::recipe_variant(&dir(), "ts-h1290fx", "ts-h1290fx-test-db", |r| {
+        r.replace(&format!("{}/keys/nasos-product-db.crt", repo().join("recipes").display()), &db.display().to_string())
+    });
     let product = nasos(&[
         "build",
-        "recipes/ts-h1290fx.toml",
+        &recipe.display().to_string(),
         "--out",
         &dir().join("ts-h1290fx").display().to_string(),
         "--timings",

@@ -168,6 +168,18 @@ fn firewall() {
         );
         let open: Vec<&str> = answered.lines().filter_map(|l| l.strip_prefix("open ")).map(str::trim).collect();
         assert_eq!(open, ["2049", "9100"], "probed {probe:?}: {answered}");
+        // nfsd itself listens only on the data address, over TCP and RDMA (no wildcard socket).
+        let nfs_tcp = ok(nas, "ss -Htln 'sport = :2049' | awk '{print $4}'");
+        assert_eq!(nfs_tcp.split_whitespace().collect::<Vec<_>>(), ["10.77.0.1:2049"], "{nfs_tcp}");
+        let bound = ok(nas, "nfsdctl listener | sort");
+        assert_eq!(bound.split_whitespace().collect::<Vec<_>>(), ["rdma:10.77.0.1:20049", "tcp:10.77.0.1:2049"]);
+        // UDP: nothing listens beyond the loopback but RoCE v2 (soft-RoCE's socket, 4791).
+        let udp = ok(nas, "ss -Huln | awk '{print $4}'");
+        let exposed: Vec<&str> = udp
+            .split_whitespace()
+            .filter(|a| !a.starts_with("127.") && !a.starts_with("[::1]") && !a.ends_with(":4791"))
+            .collect();
+        assert!(exposed.is_empty(), "UDP sockets beyond the plan: {exposed:?} (all: {udp})");
         let rules = ok(nas, "nasctl firewall");
         assert!(rules.contains("policy drop") && rules.contains("comment \"NFS\""), "{rules}");
         let dropped = rules

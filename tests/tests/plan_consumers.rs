@@ -19,6 +19,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     // Development images may autologin and carry no password: decided when the recipe is validated.
     ("image.development", "board/src/validate/sections.rs", "r.image.development"),
     ("image.size_budget_mib", "image/src/build.rs", "plan.image.size_budget_mib"),
+    ("image.secure_boot_db", "image/src/secureboot.rs", "plan.image.secure_boot_db"),
     ("packages", "image/src/build.rs", "plan.packages"),
     ("kernel.cmdline", "image/src/build.rs", "plan.kernel.cmdline"),
     ("kernel.initramfs_modules", "image/src/build.rs", "plan.kernel.initramfs_modules"),

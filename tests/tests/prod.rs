@@ -1,15 +1,18 @@
-//! The product as a customer meets it (recipes/qemu-prod.toml on the twin board): no password in
-//! the image and no autologin. The first boot asks for root's password on the serial console
-//! with the standard prompts and checks; login then works with it and nothing else; after a
-//! reboot no prompt appears and the same password works; a fresh disk asks again.
+//! The product as a customer meets it (recipes/qemu-prod.toml on the twin board, signed for Secure
+//! Boot with test keys made for the run and booted with them enrolled): no password in the image
+//! and no autologin. The first boot asks for root's password on the serial console with the
+//! standard prompts and checks; login then works with it and nothing else; after a reboot no
+//! prompt appears and the same password works; a fresh disk asks again. Under Secure Boot the
+//! kernel is locked down, the ZFS module is signed for the db key, a loader's command line is
+//! ignored, and a UKI changed after signing is refused by the firmware.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use nasos_qemu::{Link, Vm};
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{build_binaries, nasos, ok, poll, repo};
+use nasos_tests::{build_binaries, nasos, ok, poll, recipe_variant, repo};
 
 static IMAGE: Shared<PathBuf> = Shared::new("build::qemu_prod_image");
 static VM: Shared<Vm> = Shared::new("firstboot::the_console_asks_for_root_s_password_once");
@@ -21,10 +24,23 @@ fn dir() -> PathBuf {
     repo().join("build/e2e")
 }
 
+fn keys() -> PathBuf {
+    nasos_tests::secure_boot_test_keys()
+}
+
 fn boot(tag: &str) -> Vm {
+    boot_disk(&IMAGE.get().join("disk.qcow2"), tag)
+}
+
+/// Boots a disk with Secure Boot on and the test keys enrolled, on fresh bays.
+fn boot_disk(disk: &std::path::Path, tag: &str) -> Vm {
     let net = dir().join(format!("net-{tag}.sock"));
     let link = Link { port: "roce0".into(), socket: net, listen: true, more: Vec::new() };
-    nasos_tests::boot(&dir(), &IMAGE.get().join("disk.qcow2"), tag, 2048, link, |_| {})
+    let state = dir().join(format!("vm-{tag}"));
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::create_dir_all(&state).expect("state dir");
+    nasos_tests::overlay(disk, &state.join("run.qcow2"));
+    nasos_tests::boot_again_with(&dir(), tag, 2048, link, Some(keys()))
 }
 
 /// Logs in on the console's getty; returns whether the shell answered.
@@ -43,18 +59,126 @@ fn main() -> ExitCode {
     s.check("build::qemu_prod_image", build_image);
     s.check("firstboot::the_console_asks_for_root_s_password_once", first_boot);
     s.check("firstboot::login_works_with_that_password_and_nothing_else", login_with_it);
+    s.check("secureboot::the_kernel_is_locked_down_and_zfs_is_signed_for_the_db_key", locked_down);
     s.check("firstboot::after_a_reboot_no_prompt_and_the_same_password", after_reboot);
+    s.check("secureboot::a_loader_command_line_is_ignored", loader_cmdline_ignored);
     s.check("state::a_factory_reset_clears_the_box_and_keeps_the_pools", factory_reset);
     s.check("firstboot::a_fresh_disk_asks_again", fresh_disk);
+    s.check("secureboot::a_uki_changed_after_signing_is_refused", changed_uki_refused);
     s.kill_at_end(&VM);
     s.run()
 }
 
 fn build_image() {
     build_binaries();
+    let db = keys().join("db.crt");
+    let recipe = recipe_variant(&dir(), "qemu-prod", "qemu-prod-sb", |r| {
+        format!("{r}\n[secure_boot]\ndb = \"{}\"\n", db.display())
+    });
     let out = dir().join("qemu-prod");
-    nasos(&["build", "recipes/qemu-prod.toml", "--out", &out.display().to_string()]);
+    let built = nasos(&["build", &recipe.display().to_string(), "--out", &out.display().to_string()]);
+    // The firmware's own checker agrees: both EFI binaries verify against the db certificate.
+    for efi in [out.join("nasos.efi"), out.join("systemd-bootx64.signed.efi")] {
+        let o = Command::new("sbverify").arg("--cert").arg(&db).arg(&efi).output().expect("sbverify");
+        assert!(o.status.success(), "{}: {}{}", efi.display(), String::from_utf8_lossy(&o.stdout), built.stderr);
+    }
     IMAGE.set(out);
+}
+
+/// Secure Boot is on and enforced: the kernel says so and is locked down; the ZFS module it
+/// loaded (the pool is imported) carries the db key's signature.
+fn locked_down() {
+    VM.with(|vm| {
+        let sb = ok(vm, "dmesg | grep -i -E 'secure ?boot' | head -3");
+        assert!(sb.contains("Secure boot enabled"), "{sb}");
+        let lockdown = ok(vm, "cat /sys/kernel/security/lockdown");
+        assert!(lockdown.contains("[integrity]") || lockdown.contains("[confidentiality]"), "{lockdown}");
+        poll(vm, "nasctl status", "— ready", Duration::from_secs(300));
+        let signer = ok(vm, "modinfo -F signer zfs");
+        assert_eq!(signer.trim(), "nasos e2e Secure Boot db", "{signer}");
+        let loaded = ok(vm, "grep -c '^zfs ' /proc/modules");
+        assert_eq!(loaded.trim(), "1", "{loaded}");
+        let status = ok(vm, "nasctl status");
+        assert!(status.contains("Secure Boot on, kernel locked down (integrity)"), "{status}");
+    });
+}
+
+/// Mounts the firmware's variables where they are not yet.
+const EFIVARFS: &str = "mountpoint -q /sys/firmware/efi/efivars || { modprobe efivarfs; mount -t efivarfs efivarfs /sys/firmware/efi/efivars; }";
+
+/// A loader entry that adds `nasos.init=/bin/sh` to the UKI, booted once through systemd-boot's
+/// one-shot variable: systemd-boot boots it (it says which entry it took), and the signed UKI's
+/// stub keeps its own command line, so the box comes up as always.
+fn loader_cmdline_ignored() {
+    VM.with(|vm| {
+        let uki = ok(vm, "mkdir -p /tmp/esp && mount /dev/vda1 /tmp/esp && ls /tmp/esp/EFI/Linux/");
+        let uki = uki.lines().map(str::trim).find(|l| l.ends_with(".efi")).unwrap_or_else(|| panic!("{uki}")).to_string();
+        ok(
+            vm,
+            &format!(
+                "mkdir -p /tmp/esp/loader/entries && printf 'title shell\\nefi /EFI/Linux/{uki}\\noptions console=ttyS0,115200 nasos.init=/bin/sh\\n' \
+                 > /tmp/esp/loader/entries/shell.conf && sync && umount /tmp/esp"
+            ),
+        );
+        // LoaderEntryOneShot: attributes (non-volatile, boot and runtime access), then the entry's
+        // name in UTF-16LE, NUL-terminated; efivarfs takes a variable in one write.
+        ok(vm, EFIVARFS);
+        ok(
+            vm,
+            "{ printf '\\007\\000\\000\\000'; printf 'shell.conf' | sed 's/./&\\n/g' | tr '\\n' '\\000'; printf '\\000\\000'; } \
+             > /tmp/oneshot && cat /tmp/oneshot > /sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f",
+        );
+        vm.send_line("nasctl reboot").expect("reboot");
+        vm.expect_new_shell();
+        vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts, not a shell");
+        login(vm, PASSWORD);
+        ok(vm, EFIVARFS);
+        let selected = ok(vm, "tr -d '\\000' < /sys/firmware/efi/efivars/LoaderEntrySelected-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f | tail -c +2; echo");
+        assert!(selected.contains("shell.conf"), "systemd-boot did not take the test entry: {selected}");
+        let cmdline = ok(vm, "cat /proc/cmdline");
+        assert!(!cmdline.contains("nasos.init"), "the loader's command line reached the kernel: {cmdline}");
+        assert!(cmdline.contains("nasos.verity"), "{cmdline}");
+        poll(vm, "nasctl status", "— ready", Duration::from_secs(300));
+        ok(vm, "mount /dev/vda1 /tmp/esp && rm /tmp/esp/loader/entries/shell.conf && umount /tmp/esp");
+    });
+}
+
+/// One byte of the signed UKI's command line changed on the disk: the firmware refuses to run it
+/// (and the box does not boot).
+fn changed_uki_refused() {
+    let disk = IMAGE.get().join("disk.img");
+    // The ESP: after the GPT's first MiB, 96 MiB (the factory UKI is its one kernel).
+    let mut esp = vec![0u8; 97 << 20];
+    std::io::Read::read_exact(&mut std::fs::File::open(&disk).expect("disk.img"), &mut esp).expect("read the ESP");
+    let needle = b"loglevel=4 nasos.verity=";
+    let found: Vec<usize> =
+        esp.windows(needle.len()).enumerate().filter(|(_, w)| w == needle).map(|(i, _)| i).collect();
+    assert_eq!(found.len(), 1, "the UKI's command line should be on the ESP once: {found:?}");
+    let at = found[0] + "loglevel=".len();
+    drop(esp);
+    let tampered = dir().join("qemu-prod-tampered.qcow2");
+    let st = Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(&disk)
+        .arg(&tampered)
+        .status()
+        .expect("qemu-img");
+    assert!(st.success());
+    // loglevel=4 → loglevel=7: a harmless-looking change, and not the signed one.
+    let st = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", &format!("write -P 0x37 {at} 1")])
+        .arg(&tampered)
+        .output()
+        .expect("qemu-io");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let mut vm = boot_disk(&tampered, "prod-tampered");
+    // systemd-boot asks the firmware to load the UKI, and the firmware's signature check says no.
+    let line =
+        vm.wait_for("Error loading \\EFI\\Linux\\", Duration::from_secs(300)).expect("the firmware refuses the UKI");
+    assert!(line.to_ascii_lowercase().contains("access denied"), "{line}");
+    let started = vm.wait_for("nasinit: started", Duration::from_secs(60));
+    assert!(started.is_err(), "the changed UKI booted");
+    vm.kill();
 }
 
 fn first_boot() {

@@ -17,6 +17,9 @@ impl fmt::Display for Plan {
         if let Some(b) = i.size_budget_mib {
             writeln!(f, "budget     {b} MiB")?;
         }
+        if let Some(db) = &i.secure_boot_db {
+            writeln!(f, "boot       Secure Boot: systemd-boot, the UKI and the ZFS modules signed for {db}")?;
+        }
         writeln!(
             f,
             "console    {} at {} baud, root login {}",

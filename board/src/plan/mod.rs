@@ -85,6 +85,10 @@ pub struct ImagePlan {
     pub emulated_board: bool,
     pub development: bool,
     pub size_budget_mib: Option<u32>,
+    /// The Secure Boot db certificate the boot chain is signed for, as the recipe names it
+    /// (relative to the recipe); none: unsigned.
+    #[serde(default)]
+    pub secure_boot_db: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -328,6 +332,7 @@ impl Plan {
                 emulated_board: false,
                 development: false,
                 size_budget_mib: None,
+                secure_boot_db: None,
             },
             packages: Vec::new(),
             kernel: KernelPlan {

@@ -343,6 +343,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
             emulated_board: b.board.emulated,
             development: r.image.development,
             size_budget_mib: r.image.size_budget_mib,
+            secure_boot_db: r.secure_boot.as_ref().map(|s| s.db.clone()),
         },
         packages,
         kernel: KernelPlan { initramfs_modules, modules, module_sets, module_options, cmdline },

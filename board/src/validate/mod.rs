@@ -115,6 +115,13 @@ pub fn replication_keys(
     (keys, c.out)
 }
 
+/// Checks the Secure Boot db certificate a recipe names (read beside it).
+pub fn secure_boot(doc: &Document<'_>, r: &Recipe, file: Option<&crate::KeyFile>) -> Vec<Diagnostic> {
+    let mut c = Checker { doc, out: Vec::new() };
+    sections::secure_boot(&mut c, r, file);
+    c.out
+}
+
 /// Checks the trusted upgrade keys a recipe names (their files, read beside it) and returns
 /// them for the plan.
 pub fn trusted_keys(

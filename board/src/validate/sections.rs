@@ -908,3 +908,28 @@ pub(super) fn trusted_keys(
     }
     keys
 }
+
+/// `[secure_boot] db`: a readable PEM certificate. Its key beside it in a product recipe is
+/// warned about: whoever has the tree could sign boot chains every box of the product trusts.
+pub(super) fn secure_boot(c: &mut Checker<'_, '_>, r: &Recipe, file: Option<&crate::KeyFile>) {
+    let (Some(sb), Some(f)) = (&r.secure_boot, file) else { return };
+    let at = Path::root().key("secure_boot").key("db");
+    match &f.text {
+        Err(e) => c.error(
+            &at,
+            format!("cannot read the Secure Boot db certificate {e}"),
+            "name the db.crt that `nasos keygen --secure-boot DIR` wrote, relative to the recipe's directory".to_string(),
+        ),
+        Ok(t) if !t.contains("-----BEGIN CERTIFICATE-----") => c.error(
+            &at,
+            format!("`{}` is not a PEM X.509 certificate", sb.db),
+            "name the certificate (db.crt), not its key; `nasos keygen --secure-boot DIR` makes both".to_string(),
+        ),
+        Ok(_) if f.secret_beside && !r.image.development => c.warn(
+            &at,
+            format!("the secret key of `{}` lies beside it: whoever has this tree can sign boot chains for every box of this product", sb.db),
+            "keep the product's db key off the repository and pass it with `nasos build --secure-boot-key FILE`".to_string(),
+        ),
+        Ok(_) => {}
+    }
+}

@@ -31,7 +31,7 @@ use entry::EFIVARS;
 pub const ONESHOT: &str = "LoaderEntryOneShot";
 
 /// Mounts efivarfs when it is not (its module is loaded first: the kernel may not autoload it).
-pub(super) fn efivars() -> anyhow::Result<()> {
+pub fn efivars() -> anyhow::Result<()> {
     let empty = |p: &str| std::fs::read_dir(p).map(|mut d| d.next().is_none()).unwrap_or(true);
     if empty(EFIVARS) {
         let _ = crate::run("modprobe", &["efivarfs"]);
