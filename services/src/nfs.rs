@@ -232,9 +232,23 @@ fn start_nfsd(nfs: &NfsPlan, addresses: &[String]) -> anyhow::Result<()> {
         say("no data link has an address: nfsd listens on every address");
         return start_nfsd_everywhere(nfs);
     }
+    let wanted = nfsd::bound_listeners(addresses, nfs.tcp_port, nfs.rdma_port);
+    if nfsd::threads() > 0 {
+        // Left running by a service that died: versions and listeners cannot change while
+        // threads run (EBUSY). Serving as planned already: keep it, clients see nothing.
+        let have = nfsd::parse_nfsdctl_listeners(&run("nfsdctl", &["listener"]).unwrap_or_default());
+        let mut sorted = wanted.clone();
+        sorted.sort();
+        if have == sorted {
+            run("nfsdctl", &["threads", &nfs.threads.to_string()]).context("nfsdctl threads")?;
+            say("nfsd was still serving as planned: kept it");
+            return Ok(());
+        }
+        say(format!("nfsd was running with other listeners ({}): restarting it", have.join(", ")));
+        run("rpc.nfsd", &["0"]).context("stopping nfsd")?;
+    }
     let versions = version_args(nfs);
     run("nfsdctl", &versions.iter().map(String::as_str).collect::<Vec<_>>()).context("nfsdctl version")?;
-    let wanted = nfsd::bound_listeners(addresses, nfs.tcp_port, nfs.rdma_port);
     let mut args = vec!["listener".to_string()];
     args.extend(wanted.iter().map(|l| format!("+{l}")));
     run("nfsdctl", &args.iter().map(String::as_str).collect::<Vec<_>>())

@@ -312,13 +312,15 @@ fn stuck_shutdown() {
     });
 }
 
-/// nfsd stopped and made unable to start (its program bind-mounted over by /bin/false): the nfs
+/// nfsd stopped and made unable to start (its programs bind-mounted over by /bin/false): the nfs
 /// service uses up its restarts, health reports NFS serving nothing as fatal, and once that
 /// outlasts qemu-dev's 20 s grace nasinit stops feeding the watchdog. The next boot says why,
 /// and health's history (on the state partition) has the alert that announced the reset.
 fn fatal_condition() {
     DEV.with(|vm| {
-        ok(vm, "rpc.nfsd 0 && mount --bind /bin/false /usr/sbin/rpc.nfsd");
+        // Both ways the nfs service starts nfsd: nfsdctl (bound to the data addresses) and
+        // rpc.nfsd (everywhere, when no data link has an address).
+        ok(vm, "rpc.nfsd 0 && mount --bind /bin/false /usr/sbin/nfsdctl && mount --bind /bin/false /usr/sbin/rpc.nfsd");
         let events = vm.qmp_events().expect("QMP");
         vm.send_line("nasctl restart nfs").expect("restart nfs");
         let t = Instant::now();
