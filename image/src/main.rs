@@ -83,6 +83,10 @@ enum Command {
         /// Guest memory in MiB.
         #[arg(long, default_value_t = 2048)]
         memory: u32,
+        /// The appliance's virtual CPUs; more than one runs TCG multi-threaded (faster alone,
+        /// nothing gained beside a client and a peer on a small host).
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
         /// Also boot a client VM from this recipe (e.g. recipes/qemu-client.toml) on the
         /// appliance's private network, to try the data path by hand.
         #[arg(long)]
@@ -260,6 +264,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             serial,
             qmp,
             memory,
+            cpus,
             client,
             client_serial,
             client_qmp,
@@ -275,6 +280,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 serial,
                 qmp,
                 memory,
+                cpus,
                 client,
                 client_serial,
                 client_qmp,

@@ -46,6 +46,9 @@ pub struct Spec {
     /// Directory for state that outlives a run: the bays and the EFI variables.
     pub state: PathBuf,
     pub memory_mib: u32,
+    /// Virtual CPUs. More than one runs TCG multi-threaded: a single VM on a multi-core host
+    /// boots in about 0.6 of the time; VMs that share the host's cores gain nothing.
+    pub cpus: u32,
     pub serial: Serial,
     pub qmp: Option<PathBuf>,
     pub links: Vec<Link>,
@@ -159,7 +162,12 @@ pub fn command(spec: &Spec) -> Command {
         c.args(["-machine", "q35"]);
         OVMF_CODE
     };
-    c.args(["-accel", "tcg", "-cpu", "max", "-smp", "1"]);
+    let cpus = spec.cpus.max(1).to_string();
+    if spec.cpus > 1 {
+        c.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", &cpus]);
+    } else {
+        c.args(["-accel", "tcg", "-cpu", "max", "-smp", "1"]);
+    }
     c.arg("-m").arg(spec.memory_mib.to_string());
     c.args(["-nodefaults", "-display", "none", "-no-user-config"]);
     c.arg("-drive").arg(format!("if=pflash,format=raw,unit=0,readonly=on,file={code}"));

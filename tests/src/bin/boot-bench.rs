@@ -261,7 +261,8 @@ fn appliance_boot(dir: &Path) -> (f64, f64, String) {
     let run = dir.join("vm-run");
     let _ = std::fs::remove_dir_all(&run);
     sh(Command::new("cp").arg("-a").arg("--sparse=always").arg(&golden).arg(&run), "copying the warm box");
-    let mut vm = nasos_tests::boot_again(dir, "run", MEMORY, link(dir));
+    // One vCPU, as the reference's QEMU has.
+    let mut vm = nasos_tests::boot_again_cpus(dir, "run", MEMORY, link(dir), 1);
     vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("the appliance is ready");
     let status = ok(&mut vm, "nasctl status --json");
     let timeline = ok(&mut vm, "nasctl timeline");
