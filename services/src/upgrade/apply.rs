@@ -266,48 +266,94 @@ const ALIGN: usize = 4096;
 /// Bytes a copy reads before it writes them.
 const CHUNK: usize = 4 << 20;
 
-/// Copies one payload in whole chunks, `write(bytes, offset in the payload)`, with progress
-/// lines every tenth.
+/// A page-aligned buffer of one chunk (O_DIRECT takes whole pages from aligned memory).
+struct Chunk {
+    raw: Vec<u8>,
+    off: usize,
+}
+
+impl Chunk {
+    fn new() -> Chunk {
+        let raw = vec![0u8; CHUNK + ALIGN];
+        let off = raw.as_ptr().align_offset(ALIGN).min(ALIGN);
+        Chunk { raw, off }
+    }
+    fn buf(&mut self) -> &mut [u8] {
+        &mut self.raw[self.off..self.off + CHUNK]
+    }
+}
+
+/// Streams a payload from `r` to `write(bytes, offset)` in whole chunks, saying its progress.
+/// Reading (and the bundle's hashing, which happens as it is read) and writing overlap: a
+/// writer thread takes each filled chunk while the next one is read, as `dd`'s page cache lets a
+/// plain copy overlap them. Returns once every chunk is written (or the first error).
 fn copy(
     r: &mut dyn Read,
     p: &Payload,
     what: &str,
-    mut write: impl FnMut(&[u8], u64) -> std::io::Result<()>,
+    write: impl FnMut(&[u8], u64) -> std::io::Result<()> + Send,
 ) -> std::io::Result<()> {
-    let mut raw = vec![0u8; CHUNK + ALIGN];
-    let off = raw.as_ptr().align_offset(ALIGN).min(ALIGN);
-    let buf = &mut raw[off..off + CHUNK];
-    let (mut done, mut next) = (0u64, p.size / 10);
-    let t = Instant::now();
-    loop {
-        // Fill the chunk: the source hands out what it has (a socket, a tar entry), the slot
-        // takes whole pages.
-        let mut filled = 0;
-        while filled < buf.len() {
-            match r.read(&mut buf[filled..])? {
-                0 => break,
-                n => filled += n,
-            }
-        }
-        if filled == 0 {
-            return Ok(());
-        }
-        write(&buf[..filled], done)?;
-        done += filled as u64;
-        if p.size >= (16 << 20) && done >= next && done < p.size {
-            say(format!(
-                "{what} {}% ({} of {} MiB, {:.1} MiB/s)",
-                done * 100 / p.size,
-                done >> 20,
-                p.size >> 20,
-                (done as f64 / 1048576.0) / t.elapsed().as_secs_f64().max(0.001)
-            ));
-            next += p.size / 10;
-        }
-        if filled < buf.len() {
-            return Ok(());
-        }
+    use std::sync::mpsc::{channel, sync_channel};
+    let (to_writer, filled_chunks) = sync_channel::<(Chunk, usize, u64)>(1);
+    let (give_back, free_chunks) = channel::<Chunk>();
+    for _ in 0..2 {
+        let _ = give_back.send(Chunk::new());
     }
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(move || -> std::io::Result<()> {
+            let mut write = write;
+            for (mut chunk, len, at) in filled_chunks {
+                write(&chunk.buf()[..len], at)?;
+                if give_back.send(chunk).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        let read = (|| -> std::io::Result<()> {
+            let (mut done, mut next) = (0u64, p.size / 10);
+            let t = Instant::now();
+            // No chunk back: the writer stopped on an error, which its join reports.
+            while let Ok(mut chunk) = free_chunks.recv() {
+                // Fill the chunk: the source hands out what it has (a socket, a tar entry), the
+                // slot takes whole pages.
+                let buf = chunk.buf();
+                let mut filled = 0;
+                while filled < buf.len() {
+                    match r.read(&mut buf[filled..])? {
+                        0 => break,
+                        n => filled += n,
+                    }
+                }
+                if filled == 0 {
+                    return Ok(());
+                }
+                let last = filled < CHUNK;
+                if to_writer.send((chunk, filled, done)).is_err() {
+                    return Ok(());
+                }
+                done += filled as u64;
+                if p.size >= (16 << 20) && done >= next && done < p.size {
+                    say(format!(
+                        "{what} {}% ({} of {} MiB, {:.1} MiB/s)",
+                        done * 100 / p.size,
+                        done >> 20,
+                        p.size >> 20,
+                        (done as f64 / 1048576.0) / t.elapsed().as_secs_f64().max(0.001)
+                    ));
+                    next += p.size / 10;
+                }
+                if last {
+                    return Ok(());
+                }
+            }
+            Ok(())
+        })();
+        drop(to_writer);
+        let written = writer.join().unwrap_or_else(|_| Err(std::io::Error::other("the slot writer panicked")));
+        // The writer's error first: a read that stopped because the writer did says less.
+        written.and(read)
+    })
 }
 
 /// Turns O_DIRECT on or off for an open file.
@@ -404,5 +450,28 @@ mod tests {
         assert!(got[root.len()..root.len() + tree.len()] == tree[..], "the tree differs");
         assert!(got[root.len() + tree.len()..].iter().all(|b| *b == 0xee), "written past the payloads");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_failed_write_or_read_ends_the_copy_with_its_error() {
+        let data: Vec<u8> = vec![7; CHUNK * 4];
+        let p = Payload { kind: Kind::Root, size: data.len() as u64, sha256: String::new() };
+        let mut calls = 0;
+        let e = copy(&mut Dribble { data: &data, step: 1 << 20 }, &p, "test", |_, at| {
+            calls += 1;
+            if at >= CHUNK as u64 { Err(std::io::Error::other("the slot is gone")) } else { Ok(()) }
+        })
+        .expect_err("a write failed");
+        assert_eq!(e.to_string(), "the slot is gone");
+        assert_eq!(calls, 2, "nothing is written after the failed chunk");
+
+        struct Broken;
+        impl Read for Broken {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("the stick was pulled"))
+            }
+        }
+        let e = copy(&mut Broken, &p, "test", |_, _| Ok(())).expect_err("the read failed");
+        assert_eq!(e.to_string(), "the stick was pulled");
     }
 }
