@@ -117,6 +117,30 @@ pub fn dev_bundle(version: &str, extra: &str) -> PathBuf {
     out
 }
 
+/// For the upgrade benchmarks: qemu-dev 0.1.0 built in `DIR/v1`, a 0.2.0 bundle signed with the
+/// development key (`DIR/qemu-dev-0.2.0.nasos`) and a USB stick image holding it (`DIR/stick.img`).
+pub fn v1_and_0_2_0_stick(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let v1 = dir.join("v1");
+    nasos(&["build", "recipes/qemu-dev.toml", "--out", &v1.display().to_string()]);
+    let recipe =
+        recipe_variant(dir, "qemu-dev", "qemu-dev-0.2.0", |r| r.replace("version = \"0.1.0\"", "version = \"0.2.0\""));
+    let bundle = dir.join("qemu-dev-0.2.0.nasos");
+    let key = repo().join("recipes/keys/nasos-dev.key");
+    nasos(&[
+        "bundle",
+        &recipe.display().to_string(),
+        "--key",
+        &key.display().to_string(),
+        "--build",
+        &dir.join("0.2.0").display().to_string(),
+        "--out",
+        &bundle.display().to_string(),
+    ]);
+    let stick = dir.join("stick.img");
+    nasos_qemu::usb_stick(&bundle, &stick).expect("stick");
+    (v1, bundle, stick)
+}
+
 /// The sha256 of a file, as hex (`sha256sum`; empty if it cannot be read).
 pub fn sha256(path: &Path) -> String {
     let out = Command::new("sha256sum").arg(path).output().expect("sha256sum");

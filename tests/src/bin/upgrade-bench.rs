@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use nasos_qemu::{Link, Vm};
-use nasos_tests::{build_binaries, nasos, ok, poll, recipe_variant, repo};
+use nasos_tests::{build_binaries, ok, poll, repo};
 
 const MEMORY: u32 = 2048;
 
@@ -65,26 +65,8 @@ fn main() {
     let dir = repo().join("build/bench/upgrade-bench");
     std::fs::create_dir_all(&dir).expect("dir");
     build_binaries();
-    let v1 = dir.join("v1");
-    nasos(&["build", "recipes/qemu-dev.toml", "--out", &v1.display().to_string()]);
-    let recipe =
-        recipe_variant(&dir, "qemu-dev", "qemu-dev-0.2.0", |r| r.replace("version = \"0.1.0\"", "version = \"0.2.0\""));
+    let (v1, bundle, stick) = nasos_tests::v1_and_0_2_0_stick(&dir);
     let name = "qemu-dev-0.2.0.nasos";
-    let bundle = dir.join(name);
-    let key = repo().join("recipes/keys/nasos-dev.key");
-    let build = dir.join("0.2.0");
-    nasos(&[
-        "bundle",
-        &recipe.display().to_string(),
-        "--key",
-        &key.display().to_string(),
-        "--build",
-        &build.display().to_string(),
-        "--out",
-        &bundle.display().to_string(),
-    ]);
-    let stick = dir.join("stick.img");
-    nasos_qemu::usb_stick(&bundle, &stick).expect("stick");
     let mib = std::fs::metadata(&bundle).map(|m| m.len() >> 20).unwrap_or(0);
 
     eprintln!("nasos-upgrade-bench: booting qemu-dev 0.1.0");

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nasos_qemu::{Link, Vm};
-use nasos_tests::{build_binaries, nasos, ok, poll, recipe_variant, repo};
+use nasos_tests::{build_binaries, ok, poll, repo};
 
 const MEMORY: u32 = 2048;
 
@@ -47,25 +47,7 @@ fn main() {
     let dir = repo().join("build/bench/upgrade-faults");
     std::fs::create_dir_all(&dir).expect("dir");
     build_binaries();
-    let v1 = dir.join("v1");
-    nasos(&["build", "recipes/qemu-dev.toml", "--out", &v1.display().to_string()]);
-    let recipe =
-        recipe_variant(&dir, "qemu-dev", "qemu-dev-0.2.0", |r| r.replace("version = \"0.1.0\"", "version = \"0.2.0\""));
-    let bundle = dir.join("qemu-dev-0.2.0.nasos");
-    let key = repo().join("recipes/keys/nasos-dev.key");
-    let build = dir.join("0.2.0");
-    nasos(&[
-        "bundle",
-        &recipe.display().to_string(),
-        "--key",
-        &key.display().to_string(),
-        "--build",
-        &build.display().to_string(),
-        "--out",
-        &bundle.display().to_string(),
-    ]);
-    let stick = dir.join("stick.img");
-    nasos_qemu::usb_stick(&bundle, &stick).expect("stick");
+    let (v1, _bundle, stick) = nasos_tests::v1_and_0_2_0_stick(&dir);
 
     // The v1 box every cut starts from: first boot done (pool made, entry blessed), powered off.
     eprintln!("nasos-upgrade-faults: making the v1 box");
