@@ -284,7 +284,7 @@ impl Chunk {
 }
 
 /// Streams a payload from `r` to `write(bytes, offset)` in whole chunks, saying its progress.
-/// Reading (and the bundle's hashing, which happens as it is read) and writing overlap: a
+/// Reading (the bundle hashes what is read on a thread of its own) and writing overlap: a
 /// writer thread takes each filled chunk while the next one is read, as `dd`'s page cache lets a
 /// plain copy overlap them. Returns once every chunk is written (or the first error).
 fn copy(
