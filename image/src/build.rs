@@ -47,6 +47,10 @@ pub struct Outputs {
 
 pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     host::ensure(host::BUILD)?;
+    crate::userns::check()?;
+    // What nasos writes into the tree gets its modes from the umask: the same for every user
+    // and host, so two builds make the same bytes.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     if plan.image.emulated_board {
         // An image for the emulated twin is built to be booted: have QEMU and OVMF ready too.
         host::ensure(host::QEMU)?;
@@ -188,7 +192,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         let v = root::verity(&tmp)?;
         std::fs::rename(&tmp, &root_img)?;
         write_atomic(&verity_file, v.to_arg().as_bytes())?;
-        std::fs::remove_dir_all(&tree)?;
+        crate::userns::remove_tree(&tree)?;
         if let Some(budget) = plan.image.size_budget_mib
             && erofs_mib > u64::from(budget)
         {

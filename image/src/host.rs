@@ -29,6 +29,9 @@ pub const BUILD: &[Tool] = &[
     tool("/usr/sbin/mkfs.ext4", "e2fsprogs"),
     tool("/usr/bin/objcopy", "binutils"),
     tool("/usr/bin/xz", "xz-utils"),
+    // A build as a normal user works on the root tree inside a user namespace with the user's
+    // subordinate ids (see userns.rs); mmdebstrap's unshare mode needs the same helpers.
+    tool("/usr/bin/newuidmap", "uidmap"),
     Tool { path: "/usr/bin/qemu-img", package: "qemu-utils", backports: true },
 ];
 

@@ -17,5 +17,6 @@ pub mod sbom;
 pub mod secureboot;
 pub mod stage;
 pub mod uki;
+pub mod userns;
 pub mod vm;
 pub mod zfs;

@@ -59,10 +59,16 @@ impl Binaries {
 
 /// Unpacks the rootfs and shapes it into the appliance's root tree.
 pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bins: &Binaries) -> anyhow::Result<()> {
-    let _ = std::fs::remove_dir_all(tree);
+    crate::userns::remove_tree(tree)?;
     std::fs::create_dir_all(tree)?;
     run(
-        Command::new("tar").args(["-x", "-p", "--numeric-owner", "-f"]).arg(rootfs_tar).arg("-C").arg(tree),
+        crate::userns::tree_command("tar")
+            // Not the device nodes of /dev: the appliance mounts devtmpfs there, and a build as
+            // a normal user may not make them (so the tree is the same either way).
+            .args(["-x", "-p", "--numeric-owner", "--exclude=./dev/*", "-f"])
+            .arg(rootfs_tar)
+            .arg("-C")
+            .arg(tree),
         "unpacking the rootfs",
     )?;
     for (src, dest) in &bins.files {
@@ -147,7 +153,8 @@ fn prune(tree: &Path) -> anyhow::Result<()> {
     ] {
         let p = tree.join(rel);
         if p.is_dir() && !p.is_symlink() {
-            std::fs::remove_dir_all(&p)?;
+            // Some hold directories of the image's system users (apt's `partial`).
+            crate::userns::remove_tree(&p)?;
         } else if p.exists() || p.is_symlink() {
             std::fs::remove_file(&p)?;
         }
@@ -161,10 +168,40 @@ fn prune(tree: &Path) -> anyhow::Result<()> {
             }
         }
     }
+    remove_pycache(tree)?;
     for e in std::fs::read_dir(tree.join("boot"))?.flatten() {
         if e.file_name().to_string_lossy().starts_with("initrd.img") {
             std::fs::remove_file(e.path())?;
         }
+    }
+    Ok(())
+}
+
+/// Removes Python's byte-code caches. They are a build-time artefact, and not a reproducible one:
+/// the scripts that write them pick timestamp- or hash-checked files depending on what ran
+/// first (a build as a normal user got timestamped ones where root's got hashed ones). Nothing on
+/// the appliance runs Python in its serving path; a tool that does compiles in memory.
+fn remove_pycache(tree: &Path) -> anyhow::Result<()> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let Ok(t) = e.file_type() else { continue };
+            if !t.is_dir() {
+                continue;
+            }
+            if e.file_name() == "__pycache__" {
+                found.push(e.path());
+            } else {
+                walk(&e.path(), found);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for top in ["usr/lib", "usr/share"] {
+        walk(&tree.join(top), &mut found);
+    }
+    for d in found {
+        crate::userns::remove_tree(&d)?;
     }
     Ok(())
 }
@@ -225,7 +262,10 @@ pub fn prune_modules(tree: &Path, kernel_release: &str, plan: &Plan) -> anyhow::
             }
         }
     }
-    run(Command::new("chroot").arg(tree).args(["/usr/sbin/depmod", kernel_release]), "depmod in the image tree")?;
+    run(
+        crate::userns::tree_command("chroot").arg(tree).args(["/usr/sbin/depmod", kernel_release]),
+        "depmod in the image tree",
+    )?;
     Ok((kept, removed))
 }
 
@@ -233,7 +273,8 @@ pub fn prune_modules(tree: &Path, kernel_release: &str, plan: &Plan) -> anyhow::
 pub fn erofs(tree: &Path, out: &Path, epoch: u64, uuid: &str) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(out);
     run(
-        Command::new("mkfs.erofs")
+        // Inside the namespace when not root, so the files keep their owners.
+        crate::userns::tree_command("mkfs.erofs")
             .arg("-zlz4hc")
             .arg(format!("-T{epoch}"))
             .arg(format!("-U{uuid}"))

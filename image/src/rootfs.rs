@@ -57,9 +57,12 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
             }
         }
     }
-    let installed = work.join("installed.tsv");
-    let lists = work.join("lists");
-    std::fs::create_dir_all(&lists)?;
+    // What the hooks report comes out through mmdebstrap's `sync-out`: in its unshare mode (a
+    // build as a normal user) the hooks run as the namespace's users, which may not write here.
+    let out_dir = work.join("out");
+    std::fs::create_dir_all(&out_dir)?;
+    let installed = out_dir.join("installed.tsv");
+    let lists = out_dir.join("lists");
     let q = |p: &Path| shell_quote(&p.display().to_string());
     let mut cmd = Command::new("mmdebstrap");
     cmd.arg("--variant=essential")
@@ -83,14 +86,21 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
         .arg("--skip=essential/unlink")
         .arg("--setup-hook=mkdir -p \"$1\"/var/cache/apt/archives/")
         .arg(format!("--setup-hook=sync-in {} /var/cache/apt/archives/", q(&seed)))
+        // sync-in gives the directory the owner of `seed`: the user who builds, in mmdebstrap's
+        // unshare mode. The image's is root's, whoever builds it.
+        .arg("--setup-hook=chown 0:0 \"$1\"/var/cache/apt/archives")
         .arg(format!("--customize-hook=sync-out /var/cache/apt/archives {}", q(&archives)))
-        .arg(format!(
-            "--customize-hook=chroot \"$1\" dpkg-query -W -f='${{Package}}\\t${{Version}}\\t${{Architecture}}\\n' > {}",
-            q(&installed)
-        ))
-        // apt's indexes say which archive each .deb is from (read below, by sha256).
-        .arg(format!("--customize-hook=cp \"$1\"/var/lib/apt/lists/*_Packages {}/", q(&lists)))
-        .arg("--customize-hook=rm -f \"$1\"/var/cache/apt/archives/*.deb \"$1\"/var/lib/apt/lists/*_Packages")
+        // The installed list, and apt's indexes, which say which archive each .deb is from (read
+        // below, by sha256).
+        .arg(
+            "--customize-hook=mkdir -p \"$1\"/nasos-out/lists && \
+             chroot \"$1\" dpkg-query -W -f='${Package}\\t${Version}\\t${Architecture}\\n' > \"$1\"/nasos-out/installed.tsv && \
+             cp \"$1\"/var/lib/apt/lists/*_Packages \"$1\"/nasos-out/lists/",
+        )
+        .arg(format!("--customize-hook=sync-out /nasos-out {}", q(&out_dir)))
+        .arg(
+            "--customize-hook=rm -rf \"$1\"/nasos-out \"$1\"/var/cache/apt/archives/*.deb \"$1\"/var/lib/apt/lists/*_Packages",
+        )
         .arg(SUITE)
         .arg(out)
         .args(SOURCES)

@@ -174,7 +174,9 @@ pub fn ensure(cache: &Cache, v: &Versions, epoch: u64) -> anyhow::Result<(PathBu
         // zfs-dkms builds in its postinst for the kernels it finds; build explicitly for the
         // image's kernel too, in case the postinst aimed at the host's.
         .arg(format!("--customize-hook=chroot \"$1\" dkms autoinstall -k {kr}"))
-        .arg(format!("--customize-hook=sh -c 'cp \"$1\"/usr/lib/modules/{kr}/updates/dkms/*.ko* {q}/' -- \"$1\""))
+        // Out through `sync-out`: as a normal user mmdebstrap runs the hooks as its namespace's
+        // users, which may not write to the cache.
+        .arg(format!("--customize-hook=sync-out /usr/lib/modules/{kr}/updates/dkms {q}"))
         .arg(SUITE)
         .arg("/dev/null")
         .args(SOURCES)
@@ -198,7 +200,7 @@ pub fn install(modules: &Path, root: &Path, kernel_release: &str) -> anyhow::Res
         std::fs::copy(modules.join(&m), dest.join(&m))?;
     }
     // The image's own depmod, so the index matches the image's kmod.
-    let status = Command::new("chroot")
+    let status = crate::userns::tree_command("chroot")
         .arg(root)
         .args(["/usr/sbin/depmod", kernel_release])
         .status()

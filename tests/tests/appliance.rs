@@ -49,6 +49,7 @@ fn main() -> ExitCode {
     s.check("build::the_boot_chain_is_the_locked_systemd_boot", boot_chain_from_lock);
     s.check("build::noop_rebuild_does_no_stage_work", noop_rebuild);
     s.check("build::a_changed_cache_is_rebuilt_bit_identically", changed_cache);
+    s.check("build::a_normal_user_builds_the_same_image_without_root", rootless_build);
     s.check("boot::reaches_ready_through_the_verified_root", boot_ready);
     s.check("boot::nasctl_reports_a_ready_appliance", nasctl_reports);
     s.check("boot::services_say_what_the_twin_board_cannot_apply", services_say);
@@ -191,6 +192,134 @@ fn changed_cache() {
     assert!(tars.iter().any(|t| noticed("rootfs", t)), "rootfs not noticed:\n{}", rebuilt.stderr);
     assert!(noticed("root", &root_img), "root not noticed:\n{}", rebuilt.stderr);
     assert_eq!(before, sha256(&out.join("disk.img")), "the rebuilt image differs from the first build");
+}
+
+/// A user that is not root builds the same image, bit for bit: mmdebstrap in its unshare mode,
+/// the root tree unpacked, indexed and packed inside a user namespace. The user starts from a
+/// cache holding only the downloaded packages and the ZFS module (compiling ZFS again would
+/// double the suite), so its rootfs, root, UKI and disk stages all run, and its disk must be
+/// root's, byte for byte. A user without
+/// subordinate ids is told in one line what to change, and nothing is written.
+fn rootless_build() {
+    if nix::unistd::geteuid().as_raw() != 0 {
+        eprintln!("the suite runs as uid {}: every build above was made without root", nix::unistd::geteuid());
+        return;
+    }
+    let image = IMAGE.get();
+    let builder = test_user("nasos-build-test", Some(2_000_000_000));
+    let stranger = test_user("nasos-no-subids", None);
+    // Everything the user reads is copied where it may: the checkout may sit in root's home.
+    let work = std::env::temp_dir().join("nasos-rootless");
+    let _ = Command::new("rm").arg("-rf").arg(&work).status();
+    let bin = work.join("bin");
+    let cache = work.join("cache");
+    for d in [&work, &bin, &cache, &cache.join("debs"), &cache.join("zfs")] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    for e in std::fs::read_dir(nasos_tests::target_release()).expect("target").flatten() {
+        use std::os::unix::fs::PermissionsExt;
+        let m = e.metadata().expect("stat");
+        if m.is_file() && m.permissions().mode() & 0o111 != 0 && !e.file_name().to_string_lossy().contains('.') {
+            std::fs::copy(e.path(), bin.join(e.file_name())).expect("copy binary");
+        }
+    }
+    let copied = Command::new("cp").arg("-a").arg(repo().join("recipes")).arg(&work).status().expect("cp");
+    assert!(copied.success());
+    // The packages (read only: hard links, still root's) and the built ZFS module.
+    let root_cache = nasos_tests::nasos_cache();
+    for e in std::fs::read_dir(root_cache.join("debs")).expect("debs").flatten() {
+        std::fs::hard_link(e.path(), cache.join("debs").join(e.file_name())).expect("link deb");
+    }
+    for e in std::fs::read_dir(root_cache.join("zfs")).expect("zfs").flatten().filter(|e| e.path().is_dir()) {
+        if e.path().extension().is_some_and(|x| x == "tmp") {
+            continue;
+        }
+        let d = cache.join("zfs").join(e.file_name());
+        std::fs::create_dir_all(&d).expect("mkdir");
+        for f in std::fs::read_dir(e.path()).expect("zfs dir").flatten() {
+            std::fs::copy(f.path(), d.join(f.file_name())).expect("copy module");
+        }
+    }
+    let own =
+        Command::new("chown").arg("-R").arg(format!("{0}:{0}", builder.0)).args([&bin, &cache.join("zfs")]).status();
+    assert!(own.expect("chown").success());
+    for d in [&work, &work.join("recipes"), &cache, &cache.join("debs")] {
+        std::os::unix::fs::chown(d, Some(builder.0), Some(builder.1)).expect("chown");
+    }
+    let build_as = |uid: (u32, u32), out: &Path| {
+        use std::os::unix::process::CommandExt;
+        let t = Instant::now();
+        let o = Command::new(bin.join("nasos"))
+            .args(["build", "recipes/qemu-dev.toml", "--out"])
+            .arg(out)
+            .current_dir(&work)
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("HOME", &work)
+            .env("NASOS_CACHE", &cache)
+            .uid(uid.0)
+            .gid(uid.1)
+            .output()
+            .expect("run nasos as a user");
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned(), t.elapsed())
+    };
+
+    let refused_out = work.join("refused");
+    let (ok, err, _) = build_as(stranger, &refused_out);
+    assert!(!ok, "built without subordinate ids:\n{err}");
+    let said =
+        err.lines().find(|l| l.contains("user namespace")).unwrap_or_else(|| panic!("no one-line reason:\n{err}"));
+    assert!(said.contains("usermod --add-subuids") && said.contains("nasos-no-subids"), "{said}");
+    assert!(!refused_out.join("disk.img").exists(), "a disk was written");
+
+    let out = work.join("out");
+    let (ok, err, took) = build_as(builder, &out);
+    assert!(ok, "the build as a normal user failed:\n{err}");
+    for stage in ["rootfs", "root", "uki", "disk"] {
+        assert!(!err.contains(&format!("nasos: {stage:<10} up to date")), "{stage} was not built:\n{err}");
+    }
+    // (The rootfs tarballs themselves differ, as two of root's do: package scripts write random
+    // host ids, which the root stage removes.)
+    assert_eq!(sha256(&out.join("disk.img")), sha256(&image.join("disk.img")), "the user's image differs from root's");
+    eprintln!("build as nasos-build-test (uid {}), no root: {:.1}s, the same disk.img", builder.0, took.as_secs_f64());
+    let _ = Command::new("rm").arg("-rf").arg(&work).status();
+}
+
+/// A user for the rootless check (made once): its uid and gid. With `subids`, it has 65536
+/// subordinate uids and gids from there (mmdebstrap's unshare mode needs a full range).
+fn test_user(name: &str, subids: Option<u32>) -> (u32, u32) {
+    let exists = |n: &str| nix::unistd::User::from_name(n).ok().flatten();
+    if exists(name).is_none() {
+        let st = Command::new("useradd")
+            .args([
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "-K",
+                "SUB_UID_COUNT=0",
+                "-K",
+                "SUB_GID_COUNT=0",
+            ])
+            .arg(name)
+            .status()
+            .expect("useradd");
+        assert!(st.success(), "useradd {name}");
+    }
+    let listed = |file: &str| {
+        std::fs::read_to_string(file).unwrap_or_default().lines().any(|l| l.starts_with(&format!("{name}:")))
+    };
+    if let Some(first) = subids
+        && !(listed("/etc/subuid") && listed("/etc/subgid"))
+    {
+        let range = format!("{first}-{}", first + 65535);
+        let st = Command::new("usermod")
+            .args(["--add-subuids", &range, "--add-subgids", &range, name])
+            .status()
+            .expect("usermod");
+        assert!(st.success(), "usermod --add-subuids {range} {name}");
+    }
+    let u = exists(name).expect("the user exists");
+    (u.uid.as_raw(), u.gid.as_raw())
 }
 
 /// Flips one byte in the middle of a file, in place (its size and name unchanged).
