@@ -126,11 +126,13 @@ impl Hashing<'_> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let gone = |_| std::io::Error::other("the hashing thread stopped");
+        fn gone<E>(_: E) -> std::io::Error {
+            std::io::Error::other("the hashing thread stopped")
+        }
         let mut next = self.spare.recv().map_err(gone)?;
         next.clear();
         let full = std::mem::replace(&mut self.batch, next);
-        self.to_hasher.send(full).map_err(|_| std::io::Error::other("the hashing thread stopped"))
+        self.to_hasher.send(full).map_err(gone)
     }
 }
 
