@@ -28,7 +28,8 @@ pub struct Options {
     pub recipe: PathBuf,
     pub out: PathBuf,
     pub update_lock: bool,
-    /// Redo every stage (the ZFS module excepted: it is cached by kernel and ZFS version).
+    /// Redo every stage (the ZFS module excepted: it is cached by kernel, ZFS version and build
+    /// root, and checked against its record).
     pub rebuild: bool,
     /// The Secure Boot db key, where it is not beside the recipe's certificate.
     pub secure_boot_key: Option<PathBuf>,
@@ -87,7 +88,8 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let rootfs_key = |lock: Option<&Lock>| -> anyhow::Result<Key> {
         let mut k = Key::new("rootfs");
         k.str(STAGE_LOGIC).str(&SOURCES.join("\n")).str(&plan.packages.join(","));
-        k.str(&lock.map(|l| l.to_toml()).transpose()?.unwrap_or_default());
+        // The image's packages only: the ZFS build root's do not change the tarball.
+        k.str(&lock.map(|l| l.image_part().to_toml()).transpose()?.unwrap_or_default());
         Ok(k)
     };
     let key = rootfs_key(locked.as_ref())?;
@@ -107,8 +109,6 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let resolved: Lock =
         toml::from_str(&std::fs::read_to_string(&resolved_path)?).context("reading the resolved package list")?;
     if locked.is_none() {
-        write_atomic(&lock_path, resolved.to_toml()?.as_bytes())?;
-        eprintln!("nasos: wrote {}", lock_path.display());
         // Next time the lock exists: make the same tarball answer to the locked key too.
         let locked_key = rootfs_key(Some(&resolved))?;
         let again = cache.root.join("rootfs").join(format!("{}.tar", locked_key.hex()));
@@ -119,21 +119,51 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         }
     }
 
-    // ZFS module, when the image has pools.
-    let zfs_dir = if plan.pools.is_empty() {
-        None
+    // ZFS module, when the image has pools, from the build root the lock names.
+    let locked_build = locked.as_ref().map_or(&[][..], |l| &l.build_packages[..]);
+    let (zfs_dir, build_root) = if plan.pools.is_empty() {
+        (None, Vec::new())
     } else {
         let v = &zfs::versions(&resolved)?;
         let t = std::time::Instant::now();
-        let (dir, built) = zfs::ensure(&cache, v, epoch)?;
+        let module = zfs::ensure(&cache, v, locked_build, epoch)?;
+        if let Some(l) = &locked
+            && !l.build_packages.is_empty()
+        {
+            l.check_build(&module.build_root)?;
+        }
         stages.timings.push(crate::stage::Timing {
             stage: "zfs",
             took: t.elapsed(),
-            cached: !built,
-            note: format!("zfs {} for {}", v.zfs_version, v.kernel_release),
+            cached: !module.built,
+            note: format!(
+                "zfs {} for {}, build root of {} locked packages",
+                v.zfs_version,
+                v.kernel_release,
+                module.build_root.len()
+            ),
         });
-        Some(dir)
+        (Some(module.dir), module.build_root)
     };
+    // A new lock is written once everything it records was resolved; a lock from before build
+    // roots were locked gets its build root added, the image's packages untouched.
+    let full = Lock { build_packages: build_root, ..resolved.clone() };
+    match &locked {
+        None => {
+            write_atomic(&lock_path, full.to_toml()?.as_bytes())?;
+            eprintln!("nasos: wrote {}", lock_path.display());
+        }
+        Some(l) if l.build_packages.is_empty() && !full.build_packages.is_empty() => {
+            let added = Lock { build_packages: full.build_packages.clone(), ..l.clone() };
+            write_atomic(&lock_path, added.to_toml()?.as_bytes())?;
+            eprintln!(
+                "nasos: {} had no ZFS build root: recorded the {} packages the module was built with (commit it)",
+                lock_path.display(),
+                added.build_packages.len()
+            );
+        }
+        Some(_) => {}
+    }
     let (kernel_release, _) = zfs::kernel(&resolved)?;
 
     // Verified root, initramfs and kernel: they share one unpacked tree.

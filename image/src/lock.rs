@@ -17,6 +17,11 @@ pub struct Lock {
     pub epoch: u64,
     #[serde(rename = "package")]
     pub packages: Vec<LockedPackage>,
+    /// The ZFS module's build root (compiler, kernel headers, zfs-dkms and the rest of Debian's
+    /// buildd set): not in the image, but what made the module in it. Empty for an image
+    /// without pools, and in locks written before it was kept.
+    #[serde(rename = "build_package", default, skip_serializing_if = "Vec::is_empty")]
+    pub build_packages: Vec<LockedPackage>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -64,6 +69,7 @@ impl Lock {
     pub fn to_toml(&self) -> anyhow::Result<String> {
         let mut sorted = self.clone();
         sorted.packages.sort();
+        sorted.build_packages.sort();
         let body = toml::to_string(&sorted).context("serializing the lock")?;
         Ok(format!("# Written by `nasos build`; refresh with `nasos build --update-lock`. Do not edit.\n{body}"))
     }
@@ -72,29 +78,15 @@ impl Lock {
         self.packages.iter().find(|p| p.name == name).map(|p| p.version.as_str())
     }
 
+    /// The image's part of the lock: what its root filesystem is made of (the build root's
+    /// packages do not change the image's packages).
+    pub fn image_part(&self) -> Lock {
+        Lock { build_packages: Vec::new(), ..self.clone() }
+    }
+
     /// Compares what a build resolved with the lock; an error lists every difference.
     pub fn check(&self, resolved: &Lock) -> anyhow::Result<()> {
-        let want: BTreeMap<&str, &LockedPackage> = self.packages.iter().map(|p| (p.name.as_str(), p)).collect();
-        let got: BTreeMap<&str, &LockedPackage> = resolved.packages.iter().map(|p| (p.name.as_str(), p)).collect();
-        let mut diffs = Vec::new();
-        for (name, w) in &want {
-            match got.get(name) {
-                None => diffs.push(format!("  {name}: locked {} but no longer installed", w.version)),
-                Some(g) if g.version != w.version => {
-                    diffs.push(format!("  {name}: locked {}, the mirror now has {}", w.version, g.version))
-                }
-                Some(g) if g.sha256 != w.sha256 => diffs.push(format!(
-                    "  {name} {}: the .deb's sha256 differs from the lock ({} ≠ {})",
-                    w.version, g.sha256, w.sha256
-                )),
-                Some(_) => {}
-            }
-        }
-        for (name, g) in &got {
-            if !want.contains_key(name) {
-                diffs.push(format!("  {name}: {} is installed but not in the lock", g.version));
-            }
-        }
+        let diffs = differences(&self.packages, &resolved.packages);
         if !diffs.is_empty() {
             bail!(
                 "the packages resolved now differ from the lock file:\n{}\nrun `nasos build --update-lock` to accept them (and commit the new lock)",
@@ -103,6 +95,45 @@ impl Lock {
         }
         Ok(())
     }
+
+    /// Compares the ZFS build root a build resolved with the lock's; an error lists every
+    /// difference.
+    pub fn check_build(&self, resolved: &[LockedPackage]) -> anyhow::Result<()> {
+        let diffs = differences(&self.build_packages, resolved);
+        if !diffs.is_empty() {
+            bail!(
+                "the ZFS module's build root resolved now differs from the lock file:\n{}\nrun `nasos build --update-lock` to accept it (and commit the new lock)",
+                diffs.join("\n")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Every difference between a locked package set and a resolved one, a line each.
+fn differences(locked: &[LockedPackage], resolved: &[LockedPackage]) -> Vec<String> {
+    let want: BTreeMap<&str, &LockedPackage> = locked.iter().map(|p| (p.name.as_str(), p)).collect();
+    let got: BTreeMap<&str, &LockedPackage> = resolved.iter().map(|p| (p.name.as_str(), p)).collect();
+    let mut diffs = Vec::new();
+    for (name, w) in &want {
+        match got.get(name) {
+            None => diffs.push(format!("  {name}: locked {} but no longer installed", w.version)),
+            Some(g) if g.version != w.version => {
+                diffs.push(format!("  {name}: locked {}, the mirror now has {}", w.version, g.version))
+            }
+            Some(g) if g.sha256 != w.sha256 => diffs.push(format!(
+                "  {name} {}: the .deb's sha256 differs from the lock ({} ≠ {})",
+                w.version, g.sha256, w.sha256
+            )),
+            Some(_) => {}
+        }
+    }
+    for (name, g) in &got {
+        if !want.contains_key(name) {
+            diffs.push(format!("  {name}: {} is installed but not in the lock", g.version));
+        }
+    }
+    diffs
 }
 
 #[cfg(test)]
@@ -125,12 +156,22 @@ mod tests {
             sources: vec!["deb x trixie main".into()],
             epoch: 1,
             packages: vec![pkg("b", "1:2.0-1", "bb"), pkg("a", "1.0", "aa")],
+            build_packages: vec![pkg("gcc-14", "14.2.0-19", "cc"), pkg("cpp-14", "14.2.0-19", "dd")],
         };
         let text = lock.to_toml().expect("toml");
         assert!(text.starts_with("# Written by `nasos build`"));
         let back: Lock = toml::from_str(&text).expect("parse");
         assert_eq!(back.packages[0].name, "a", "sorted");
         assert_eq!(back.packages[1].deb_name(), "b_1%3a2.0-1_amd64.deb");
+        assert_eq!(back.build_packages[0].name, "cpp-14", "sorted");
+        assert!(text.find("[[package]]") < text.find("[[build_package]]"), "{text}");
+        // The image's part is the lock an image-only build writes, byte for byte; a lock from
+        // before build roots were kept reads, with none.
+        let image = lock.image_part().to_toml().expect("toml");
+        assert!(!image.contains("build_package"), "{image}");
+        let old: Lock = toml::from_str(&image).expect("an image-only lock parses");
+        assert!(old.build_packages.is_empty());
+        assert_eq!(old.packages, back.packages);
     }
 
     #[test]
@@ -139,11 +180,13 @@ mod tests {
             sources: vec!["s".into()],
             epoch: 1,
             packages: vec![pkg("a", "1", "x"), pkg("b", "1", "y"), pkg("c", "1", "z")],
+            build_packages: vec![pkg("gcc-14", "14.2.0-19", "g")],
         };
         let now = Lock {
             sources: vec!["s".into()],
             epoch: 1,
             packages: vec![pkg("a", "2", "x"), pkg("b", "1", "q"), pkg("d", "1", "w")],
+            build_packages: Vec::new(),
         };
         let e = lock.check(&now).expect_err("differs").to_string();
         for want in [
@@ -156,5 +199,14 @@ mod tests {
             assert!(e.contains(want), "missing `{want}` in {e}");
         }
         assert!(lock.check(&lock.clone()).is_ok());
+        // The image's packages alone decide `check`; the build root is checked on its own.
+        assert!(lock.check(&lock.image_part()).is_ok());
+        let e = lock.check_build(&[pkg("gcc-14", "14.2.0-20", "h")]).expect_err("differs").to_string();
+        assert!(
+            e.contains("ZFS module's build root")
+                && e.contains("gcc-14: locked 14.2.0-19, the mirror now has 14.2.0-20"),
+            "{e}"
+        );
+        assert!(lock.check_build(&lock.build_packages).is_ok());
     }
 }

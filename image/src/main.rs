@@ -52,14 +52,16 @@ enum Command {
         /// Output directory.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Resolve packages afresh and rewrite RECIPE.lock.
+        /// Resolve packages afresh — the image's and the ZFS module's build root's (so the module
+        /// is built again) — and rewrite RECIPE.lock.
         #[arg(long)]
         update_lock: bool,
         /// Print the per-stage timing table.
         #[arg(long)]
         timings: bool,
         /// Redo every stage from the recipe and lock, ignoring what is cached (the ZFS module,
-        /// cached by kernel and ZFS version, excepted).
+        /// cached by kernel, ZFS and its locked build root and checked against its record,
+        /// excepted).
         #[arg(long)]
         rebuild: bool,
         /// The Secure Boot db key, where it is not beside the recipe's [secure_boot] db

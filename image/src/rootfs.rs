@@ -1,7 +1,7 @@
 //! The root filesystem: Debian trixie (main + contrib, with its updates and security fixes)
 //! assembled by mmdebstrap with exactly the plan's packages, as a tarball. Downloaded .debs are
 //! kept in a content-addressed cache and fed back to apt, so a rebuild downloads nothing; what was
-//! installed is compared with the lock.
+//! installed is compared with the lock. The ZFS module's build root is made the same way.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,21 +40,59 @@ impl Cache {
 
 /// Runs mmdebstrap into `out` (a tarball) and returns what it installed, as a lock.
 pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64, out: &Path) -> anyhow::Result<Lock> {
-    let work = out.with_extension("work");
+    let root = Bootstrap {
+        variant: "essential",
+        include: packages,
+        // Documentation, manuals and translations are not needed on an appliance; copyrights stay.
+        slim: true,
+        customize: &[],
+        what: "mmdebstrap",
+    };
+    let seed = lock.map_or(&[][..], |l| &l.packages[..]);
+    let packages = bootstrap(cache, &root, seed, epoch, out)?;
+    Ok(Lock { sources: SOURCES.iter().map(|s| s.to_string()).collect(), epoch, packages, build_packages: Vec::new() })
+}
+
+/// One mmdebstrap run: a Debian trixie tree of a variant with more packages, its .debs kept in
+/// the cache and what it installed returned, each with its .deb's sha256 and archive.
+pub struct Bootstrap<'a> {
+    /// mmdebstrap's variant: `essential` for an image, `buildd` for a build root.
+    pub variant: &'a str,
+    pub include: &'a [String],
+    /// Leave out documentation, manuals and translations.
+    pub slim: bool,
+    /// Hooks run once the packages are installed (mmdebstrap's `--customize-hook`, `$1` the tree).
+    pub customize: &'a [String],
+    /// What the progress line calls it.
+    pub what: &'a str,
+}
+
+/// Runs `b` into `out` (a tarball, or /dev/null for a tree only its hooks need), offering apt the
+/// cached .debs of `seed` so a rebuild downloads nothing; returns what was installed, sorted.
+pub fn bootstrap(
+    cache: &Cache,
+    b: &Bootstrap,
+    seed: &[LockedPackage],
+    epoch: u64,
+    out: &Path,
+) -> anyhow::Result<Vec<LockedPackage>> {
+    let work = if out == Path::new("/dev/null") {
+        cache.root.join(format!("bootstrap.{}.work", std::process::id()))
+    } else {
+        out.with_extension("work")
+    };
     let _ = std::fs::remove_dir_all(&work);
-    let seed = work.join("seed");
+    let seed_dir = work.join("seed");
     let archives = work.join("archives");
-    std::fs::create_dir_all(&seed)?;
+    std::fs::create_dir_all(&seed_dir)?;
     std::fs::create_dir_all(&archives)?;
     // Offer apt every cached .deb of the lock under the name apt expects; apt checks each against
     // the repository's hashes before it uses it.
-    if let Some(lock) = lock {
-        for p in &lock.packages {
-            let cached = cache.deb(&p.sha256);
-            if cached.exists() {
-                std::fs::hard_link(&cached, seed.join(p.deb_name()))
-                    .or_else(|_| std::fs::copy(&cached, seed.join(p.deb_name())).map(|_| ()))?;
-            }
+    for p in seed {
+        let cached = cache.deb(&p.sha256);
+        if cached.exists() {
+            std::fs::hard_link(&cached, seed_dir.join(p.deb_name()))
+                .or_else(|_| std::fs::copy(&cached, seed_dir.join(p.deb_name())).map(|_| ()))?;
         }
     }
     // What the hooks report comes out through mmdebstrap's `sync-out`: in its unshare mode (a
@@ -65,13 +103,13 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
     let lists = out_dir.join("lists");
     let q = |p: &Path| shell_quote(&p.display().to_string());
     let mut cmd = Command::new("mmdebstrap");
-    cmd.arg("--variant=essential")
-        .arg(format!("--include={}", packages.join(",")))
+    cmd.arg(format!("--variant={}", b.variant))
+        .arg(format!("--include={}", b.include.join(",")))
         .arg("--components=main,contrib")
         .arg("--aptopt=APT::Install-Recommends \"false\"")
-        .arg("--aptopt=Acquire::Retries \"3\"")
-        // Documentation, manuals and translations are not needed on an appliance; copyrights stay.
-        .args(
+        .arg("--aptopt=Acquire::Retries \"3\"");
+    if b.slim {
+        cmd.args(
             [
                 "/usr/share/doc/*",
                 "/usr/share/man/*",
@@ -81,14 +119,16 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
             ]
             .map(|p| format!("--dpkgopt=path-exclude={p}")),
         )
-        .arg("--dpkgopt=path-include=/usr/share/doc/*/copyright")
-        .arg("--skip=download/empty")
+        .arg("--dpkgopt=path-include=/usr/share/doc/*/copyright");
+    }
+    cmd.arg("--skip=download/empty")
         .arg("--skip=essential/unlink")
         .arg("--setup-hook=mkdir -p \"$1\"/var/cache/apt/archives/")
-        .arg(format!("--setup-hook=sync-in {} /var/cache/apt/archives/", q(&seed)))
+        .arg(format!("--setup-hook=sync-in {} /var/cache/apt/archives/", q(&seed_dir)))
         // sync-in gives the directory the owner of `seed`: the user who builds, in mmdebstrap's
-        // unshare mode. The image's is root's, whoever builds it.
+        // unshare mode. The tree's is root's, whoever builds it.
         .arg("--setup-hook=chown 0:0 \"$1\"/var/cache/apt/archives")
+        .args(b.customize.iter().map(|h| format!("--customize-hook={h}")))
         .arg(format!("--customize-hook=sync-out /var/cache/apt/archives {}", q(&archives)))
         // The installed list, and apt's indexes, which say which archive each .deb is from (read
         // below, by sha256).
@@ -105,9 +145,9 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
         .arg(out)
         .args(SOURCES)
         .env("SOURCE_DATE_EPOCH", epoch.to_string())
-        // The kernel's postinst must not build an initramfs: nasos makes its own.
+        // A kernel's postinst must not build an initramfs: nasos makes its own.
         .env("INITRD", "No");
-    crate::progress::run_tool(&mut cmd, "mmdebstrap")?;
+    crate::progress::run_tool(&mut cmd, b.what)?;
     // Move every .deb into the content-addressed cache and index it by apt's file name.
     let mut by_name: HashMap<String, String> = HashMap::new();
     for e in std::fs::read_dir(&archives)?.flatten() {
@@ -145,9 +185,9 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
             .to_string();
         packages_out.push(p);
     }
-    let _ = std::fs::remove_dir_all(&work);
+    let _ = crate::userns::remove_tree(&work);
     packages_out.sort();
-    Ok(Lock { sources: SOURCES.iter().map(|s| s.to_string()).collect(), epoch, packages: packages_out })
+    Ok(packages_out)
 }
 
 /// Single-quotes a path for the shell snippets mmdebstrap's hooks are.

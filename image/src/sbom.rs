@@ -125,30 +125,31 @@ pub fn document(image: &str, version: &str, lock: &Lock, nasos_version: &str) ->
         comment: Some(format!("nasos image built from its lock (sha256 {digest}) by nasos {nasos_version}")),
         external_refs: Vec::new(),
     }];
+    let deb = |p: &crate::lock::LockedPackage, kind: &str, comment: String| Package {
+        spdx_id: spdx_ref(kind, &format!("{}-{}", p.name, p.architecture)),
+        name: p.name.clone(),
+        version_info: p.version.clone(),
+        supplier: "Organization: Debian".into(),
+        download_location: "NOASSERTION".into(),
+        files_analyzed: false,
+        checksums: vec![Checksum { algorithm: "SHA256", value: p.sha256.clone() }],
+        license_concluded: "NOASSERTION",
+        license_declared: "NOASSERTION",
+        copyright_text: "NOASSERTION",
+        comment: Some(comment),
+        external_refs: vec![ExternalRef {
+            reference_category: "PACKAGE-MANAGER",
+            reference_type: "purl",
+            reference_locator: format!(
+                "pkg:deb/debian/{}@{}?arch={}&distro=debian-{release}",
+                p.name,
+                purl_escape(&p.version),
+                p.architecture
+            ),
+        }],
+    };
     for p in &lock.packages {
-        packages.push(Package {
-            spdx_id: spdx_ref("Deb", &format!("{}-{}", p.name, p.architecture)),
-            name: p.name.clone(),
-            version_info: p.version.clone(),
-            supplier: "Organization: Debian".into(),
-            download_location: "NOASSERTION".into(),
-            files_analyzed: false,
-            checksums: vec![Checksum { algorithm: "SHA256", value: p.sha256.clone() }],
-            license_concluded: "NOASSERTION",
-            license_declared: "NOASSERTION",
-            copyright_text: "NOASSERTION",
-            comment: Some(format!("from the {} archive", p.suite)),
-            external_refs: vec![ExternalRef {
-                reference_category: "PACKAGE-MANAGER",
-                reference_type: "purl",
-                reference_locator: format!(
-                    "pkg:deb/debian/{}@{}?arch={}&distro=debian-{release}",
-                    p.name,
-                    purl_escape(&p.version),
-                    p.architecture
-                ),
-            }],
-        });
+        packages.push(deb(p, "Deb", format!("from the {} archive", p.suite)));
     }
     if let (Some(zfs), Ok((kernel, _))) = (lock.version_of("zfs-dkms"), crate::zfs::kernel(lock)) {
         packages.push(Package {
@@ -187,7 +188,10 @@ pub fn document(image: &str, version: &str, lock: &Lock, nasos_version: &str) ->
             }],
         });
     }
-    let relationships = packages
+    // The ZFS module's build root is not in the image: it made the module that is.
+    let module = spdx_ref("Module", "zfs");
+    let has_module = packages.iter().any(|p| p.spdx_id == module);
+    let mut relationships: Vec<Relationship> = packages
         .iter()
         .skip(1)
         .map(|p| Relationship {
@@ -195,12 +199,27 @@ pub fn document(image: &str, version: &str, lock: &Lock, nasos_version: &str) ->
             relationship_type: "CONTAINS",
             related_spdx_element: p.spdx_id.clone(),
         })
-        .chain(std::iter::once(Relationship {
-            spdx_element_id: "SPDXRef-DOCUMENT".into(),
-            relationship_type: "DESCRIBES",
-            related_spdx_element: root.clone(),
-        }))
         .collect();
+    if has_module {
+        for p in &lock.build_packages {
+            let built = deb(
+                p,
+                "BuildDeb",
+                format!("from the {} archive; in the ZFS module's build root, not in the image", p.suite),
+            );
+            relationships.push(Relationship {
+                spdx_element_id: built.spdx_id.clone(),
+                relationship_type: "BUILD_DEPENDENCY_OF",
+                related_spdx_element: module.clone(),
+            });
+            packages.push(built);
+        }
+    }
+    relationships.push(Relationship {
+        spdx_element_id: "SPDXRef-DOCUMENT".into(),
+        relationship_type: "DESCRIBES",
+        related_spdx_element: root.clone(),
+    });
     Ok(Document {
         spdx_version: "SPDX-2.3",
         data_license: "CC0-1.0",
@@ -234,6 +253,7 @@ mod tests {
                 p("zfs-dkms", "2.3.9-0+deb13u1"),
                 p("libc6", "2.41-12"),
             ],
+            build_packages: vec![p("gcc-14", "14.2.0-19"), p("libc6", "2.41-12")],
         }
     }
 
@@ -255,9 +275,21 @@ mod tests {
         assert_eq!(kernel["SPDXID"], "SPDXRef-Deb-linux-image-6.12.117-deb13-amd64-amd64");
         assert!(pkgs.iter().any(|p| p["name"] == "zfs-kernel-modules" && p["versionInfo"] == "2.3.9-0+deb13u1"));
         assert!(pkgs.iter().any(|p| p["name"] == "serde"), "nasos's crates are listed");
-        // Every package but the image is contained in it, and the document describes the image.
+        // Every package but the image and the build root is contained in it, and the document
+        // describes the image; the build root's packages are the module's build dependencies,
+        // under identifiers of their own (libc6 is in both).
         let rels = json["relationships"].as_array().expect("relationships");
         assert_eq!(rels.len(), pkgs.len());
+        let gcc = pkgs.iter().find(|p| p["name"] == "gcc-14").expect("the build root's compiler");
+        assert_eq!(gcc["SPDXID"], "SPDXRef-BuildDeb-gcc-14-amd64");
+        let rel_of = |id: &serde_json::Value| {
+            rels.iter().find(|r| r["spdxElementId"] == *id || r["relatedSpdxElement"] == *id).expect("related")
+        };
+        assert_eq!(rel_of(&gcc["SPDXID"])["relationshipType"], "BUILD_DEPENDENCY_OF");
+        assert_eq!(rel_of(&gcc["SPDXID"])["relatedSpdxElement"], "SPDXRef-Module-zfs");
+        assert_eq!(rel_of(&libc["SPDXID"])["relationshipType"], "CONTAINS");
+        let ids: std::collections::BTreeSet<_> = pkgs.iter().map(|p| p["SPDXID"].as_str().expect("id")).collect();
+        assert_eq!(ids.len(), pkgs.len(), "identifiers are unique");
         // The same lock gives the same document.
         let again = serde_json::to_value(document("qemu-dev", "0.1.0", &lock(), "0.1.0").expect("sbom")).expect("json");
         assert_eq!(json, again);

@@ -52,6 +52,10 @@ pub fn hex(bytes: &[u8]) -> String {
     })
 }
 
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 pub fn sha256_file(path: &Path) -> anyhow::Result<String> {
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut h = Sha256::new();

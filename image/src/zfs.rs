@@ -1,16 +1,18 @@
-//! The ZFS kernel module, built by DKMS in a trixie build root for the image's exact kernel and
-//! cached by (kernel version, ZFS version): minutes the first time, nothing afterwards. The
-//! cache keeps a record beside the modules — the inputs that made them and each file's sha256 —
-//! and a cached module that does not match it is rebuilt, with a line saying so.
+//! The ZFS kernel module, built by DKMS in a trixie build root for the image's exact kernel. The
+//! build root is locked like the image (`[[build_package]]` in the recipe's lock: the compiler,
+//! the kernel headers, zfs-dkms and the rest of Debian's buildd set, each with its .deb's
+//! sha256), and the module is cached by (kernel, ZFS, that package set): minutes the first time,
+//! nothing afterwards. The cache keeps a record beside the modules — the inputs that made them
+//! and each file's sha256 — and a cached module that does not match it is rebuilt, with a line
+//! saying so.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, bail};
 
 use crate::archive::{SOURCES, SUITE};
-use crate::lock::Lock;
-use crate::rootfs::Cache;
+use crate::lock::{Lock, LockedPackage};
+use crate::rootfs::{Bootstrap, Cache};
 
 /// The kernel release and the ZFS version an image's lock pins.
 pub struct Versions {
@@ -35,22 +37,34 @@ pub fn kernel(lock: &Lock) -> anyhow::Result<(String, String)> {
     Ok((k.name.trim_start_matches("linux-image-").to_string(), k.version.clone()))
 }
 
-/// The cache directory holding the built modules for these versions.
-pub fn cached(cache: &Cache, v: &Versions) -> PathBuf {
-    cache.root.join("zfs").join(format!("{}_{}", v.kernel_release, v.zfs_version.replace(':', "%3a")))
+/// The cache directory holding the modules built for these versions in this build root.
+pub fn cached(cache: &Cache, v: &Versions, build_root: &[LockedPackage]) -> PathBuf {
+    let id = crate::stage::sha256_bytes(build_root_lines(build_root).as_bytes());
+    cache.root.join("zfs").join(format!("{}_{}_{}", v.kernel_release, v.zfs_version.replace(':', "%3a"), &id[..16]))
 }
 
 /// The record kept beside the cached modules.
 const RECORD: &str = "record";
 
+/// A build root as its record lists it: `build NAME VERSION ARCH SHA256 SUITE`, sorted.
+fn build_root_lines(build_root: &[LockedPackage]) -> String {
+    let mut sorted = build_root.to_vec();
+    sorted.sort();
+    sorted
+        .iter()
+        .map(|p| format!("build {} {} {} {} {}\n", p.name, p.version, p.architecture, p.sha256, p.suite))
+        .collect()
+}
+
 /// What made the modules: the first lines of their record.
-fn inputs(v: &Versions) -> String {
+fn inputs(v: &Versions, build_root: &[LockedPackage]) -> String {
     format!(
-        "kernel {} {}\nzfs {}\nsource {} {SUITE}\n",
+        "kernel {} {}\nzfs {}\nsource {} {SUITE}\n{}",
         v.kernel_release,
         v.kernel_version,
         v.zfs_version,
-        SOURCES.join(" | ")
+        SOURCES.join(" | "),
+        build_root_lines(build_root)
     )
 }
 
@@ -68,8 +82,8 @@ pub fn modules_in(dir: &Path) -> Vec<String> {
 }
 
 /// The record of the modules in `dir`: their inputs, then `sha256  name` per module.
-fn record_text(dir: &Path, v: &Versions) -> anyhow::Result<String> {
-    let mut out = inputs(v);
+fn record_text(dir: &Path, v: &Versions, build_root: &[LockedPackage]) -> anyhow::Result<String> {
+    let mut out = inputs(v, build_root);
     for m in modules_in(dir) {
         out.push_str(&format!("{}  {m}\n", crate::stage::sha256_file(&dir.join(&m))?));
     }
@@ -77,10 +91,10 @@ fn record_text(dir: &Path, v: &Versions) -> anyhow::Result<String> {
 }
 
 /// Whether the cached modules are the ones their record describes, for these versions; why not.
-fn check(dir: &Path, v: &Versions) -> Result<(), String> {
+fn check(dir: &Path, v: &Versions, build_root: &[LockedPackage]) -> Result<(), String> {
     let record =
         std::fs::read_to_string(dir.join(RECORD)).map_err(|_| "the cached module has no record".to_string())?;
-    let Some(hashes) = record.strip_prefix(&inputs(v)) else {
+    let Some(hashes) = record.strip_prefix(&inputs(v, build_root)) else {
         return Err("the cached module's record names other inputs".into());
     };
     let recorded: Vec<(&str, &str)> = hashes.lines().filter_map(|l| l.split_once("  ")).collect();
@@ -100,95 +114,62 @@ fn check(dir: &Path, v: &Versions) -> Result<(), String> {
     Ok(())
 }
 
-/// A module cached before records were kept is adopted only if what it says of itself matches:
-/// every module's vermagic names the kernel release and zfs.ko's version is the locked one.
-fn adoptable(dir: &Path, v: &Versions) -> Result<(), String> {
-    let names = modules_in(dir);
-    if !names.iter().any(|n| n.starts_with("zfs.ko")) {
-        return Err("no zfs module".into());
-    }
-    for n in &names {
-        let path = dir.join(n);
-        let bytes = if n.ends_with(".xz") {
-            let o = Command::new("xz").arg("-dc").arg(&path).output().map_err(|e| format!("xz: {e}"))?;
-            if !o.status.success() {
-                return Err(format!("{} does not decompress", path.display()));
-            }
-            o.stdout
-        } else {
-            std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?
-        };
-        let info: Vec<&[u8]> = bytes.split(|b| *b == 0).collect();
-        let vermagic = format!("vermagic={} ", v.kernel_release);
-        if !info.iter().any(|f| f.starts_with(vermagic.as_bytes())) {
-            return Err(format!("{} was not built for {}", path.display(), v.kernel_release));
-        }
-        let version = format!("version={}", v.zfs_version);
-        if n.starts_with("zfs.ko") && !info.contains(&version.as_bytes()) {
-            return Err(format!("{} is not zfs {}", path.display(), v.zfs_version));
-        }
-    }
-    Ok(())
+/// The built modules: where they are, whether they were built now, and the build root that
+/// made them.
+pub struct Module {
+    pub dir: PathBuf,
+    pub built: bool,
+    pub build_root: Vec<LockedPackage>,
 }
 
-/// Builds the modules unless cached and verified; returns the directory with `zfs.ko*` and
-/// `spl.ko*`, and whether they were built now.
-pub fn ensure(cache: &Cache, v: &Versions, epoch: u64) -> anyhow::Result<(PathBuf, bool)> {
-    let dir = cached(cache, v);
-    if !modules_in(&dir).is_empty() {
-        let verdict = if dir.join(RECORD).exists() {
-            check(&dir, v)
-        } else {
-            adoptable(&dir, v).map(|()| {
-                eprintln!(
-                    "nasos: zfs        the cached module predates records: its vermagic and version match; recording its hashes"
-                );
-            })
-        };
-        match verdict {
-            Ok(()) => {
-                if !dir.join(RECORD).exists() {
-                    crate::stage::write_atomic(&dir.join(RECORD), record_text(&dir, v)?.as_bytes())?;
+/// The modules for `v`, from the cache when the lock names their build root and the cached
+/// modules match their record; built otherwise. A build resolves its build root afresh (seeded
+/// with the locked .debs, so it downloads nothing the cache has): the caller compares it with
+/// the lock.
+pub fn ensure(cache: &Cache, v: &Versions, locked: &[LockedPackage], epoch: u64) -> anyhow::Result<Module> {
+    if !locked.is_empty() {
+        let dir = cached(cache, v, locked);
+        if !modules_in(&dir).is_empty() {
+            match check(&dir, v, locked) {
+                Ok(()) => return Ok(Module { dir, built: false, build_root: locked.to_vec() }),
+                Err(why) => {
+                    eprintln!("nasos: zfs        {why}; rebuilding it");
+                    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
                 }
-                return Ok((dir, false));
-            }
-            Err(why) => {
-                eprintln!("nasos: zfs        {why}; rebuilding it");
-                std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
             }
         }
     }
-    let tmp = dir.with_extension("tmp");
+    let tmp = cache.root.join("zfs").join(format!("build.{}.tmp", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
-    let headers = format!("linux-headers-{}={}", v.kernel_release, v.kernel_version);
-    let dkms = format!("zfs-dkms={}", v.zfs_version);
-    let q = shell_quote(&tmp.display().to_string());
+    let include =
+        [format!("linux-headers-{}={}", v.kernel_release, v.kernel_version), format!("zfs-dkms={}", v.zfs_version)];
     let kr = &v.kernel_release;
-    let mut cmd = Command::new("mmdebstrap");
-    cmd.arg("--variant=buildd")
-        .arg(format!("--include={headers},{dkms}"))
-        .arg("--components=main,contrib")
-        .arg("--aptopt=APT::Install-Recommends \"false\"")
-        .arg("--aptopt=Acquire::Retries \"3\"")
+    let hooks = [
         // zfs-dkms builds in its postinst for the kernels it finds; build explicitly for the
         // image's kernel too, in case the postinst aimed at the host's.
-        .arg(format!("--customize-hook=chroot \"$1\" dkms autoinstall -k {kr}"))
+        format!("chroot \"$1\" dkms autoinstall -k {kr}"),
         // Out through `sync-out`: as a normal user mmdebstrap runs the hooks as its namespace's
         // users, which may not write to the cache.
-        .arg(format!("--customize-hook=sync-out /usr/lib/modules/{kr}/updates/dkms {q}"))
-        .arg(SUITE)
-        .arg("/dev/null")
-        .args(SOURCES)
-        .env("INITRD", "No")
-        .env("SOURCE_DATE_EPOCH", epoch.to_string());
-    crate::progress::run_tool(&mut cmd, "the ZFS build root (mmdebstrap + DKMS)")?;
+        format!("sync-out /usr/lib/modules/{kr}/updates/dkms {}", shell_quote(&tmp.display().to_string())),
+    ];
+    let root = Bootstrap {
+        variant: "buildd",
+        include: &include,
+        slim: false,
+        customize: &hooks,
+        what: "the ZFS build root (mmdebstrap + DKMS)",
+    };
+    let build_root = crate::rootfs::bootstrap(cache, &root, locked, epoch, Path::new("/dev/null"))?;
     if !tmp.join("zfs.ko.xz").exists() && !tmp.join("zfs.ko").exists() {
         bail!("DKMS finished but no zfs module was produced for {kr}");
     }
-    crate::stage::write_atomic(&tmp.join(RECORD), record_text(&tmp, v)?.as_bytes())?;
+    crate::stage::write_atomic(&tmp.join(RECORD), record_text(&tmp, v, &build_root)?.as_bytes())?;
+    // Kept under the build root it was made in, whether or not the lock names that one.
+    let dir = cached(cache, v, &build_root);
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).with_context(|| format!("moving {} into place", dir.display()))?;
-    Ok((dir, true))
+    Ok(Module { dir, built: true, build_root })
 }
 
 /// Copies the built modules into a root tree and records them in its module index.
@@ -240,37 +221,63 @@ mod tests {
         d
     }
 
+    fn build_root() -> Vec<LockedPackage> {
+        ["gcc-14 14.2.0-19", "linux-headers-6.12.117+deb13-amd64 6.12.117-1", "zfs-dkms 2.3.9-0+deb13u1"]
+            .iter()
+            .map(|nv| {
+                let (name, version) = nv.split_once(' ').expect("name version");
+                LockedPackage {
+                    name: name.into(),
+                    version: version.into(),
+                    architecture: "amd64".into(),
+                    sha256: crate::stage::sha256_bytes(name.as_bytes()),
+                    suite: "trixie".into(),
+                }
+            })
+            .collect()
+    }
+
     #[test]
     fn a_recorded_module_is_trusted_until_a_byte_changes() {
-        let (d, v) = (temp("record"), versions());
+        let (d, v, b) = (temp("record"), versions(), build_root());
         module(&d, "spl.ko", &v.kernel_release, "2.3.9-0+deb13u1");
         module(&d, "zfs.ko", &v.kernel_release, "2.3.9-0+deb13u1");
-        assert_eq!(check(&d, &v), Err("the cached module has no record".into()));
-        std::fs::write(d.join(RECORD), record_text(&d, &v).expect("record")).expect("write");
-        assert_eq!(check(&d, &v), Ok(()));
+        assert_eq!(check(&d, &v, &b), Err("the cached module has no record".into()));
+        std::fs::write(d.join(RECORD), record_text(&d, &v, &b).expect("record")).expect("write");
+        assert_eq!(check(&d, &v, &b), Ok(()));
         let other = Versions { zfs_version: "2.3.10-1".into(), ..versions() };
-        assert!(check(&d, &other).is_err_and(|e| e.contains("other inputs")));
+        assert!(check(&d, &other, &b).is_err_and(|e| e.contains("other inputs")));
+        // Another compiler is another build root.
+        let mut newer = build_root();
+        newer[0].version = "14.2.0-20".into();
+        assert!(check(&d, &v, &newer).is_err_and(|e| e.contains("other inputs")));
         let mut bytes = std::fs::read(d.join("zfs.ko")).expect("read");
         bytes[1] ^= 1;
         std::fs::write(d.join("zfs.ko"), bytes).expect("tamper");
         assert!(
-            check(&d, &v).is_err_and(|e| e.contains("zfs.ko does not match the sha256 recorded")),
+            check(&d, &v, &b).is_err_and(|e| e.contains("zfs.ko does not match the sha256 recorded")),
             "{:?}",
-            check(&d, &v)
+            check(&d, &v, &b)
         );
         std::fs::remove_dir_all(&d).expect("cleanup");
     }
 
     #[test]
-    fn an_unrecorded_module_is_adopted_only_for_its_kernel_and_version() {
-        let (d, v) = (temp("adopt"), versions());
-        module(&d, "spl.ko", &v.kernel_release, "2.3.9-0+deb13u1");
-        module(&d, "zfs.ko", &v.kernel_release, "2.3.9-0+deb13u1");
-        assert_eq!(adoptable(&d, &v), Ok(()));
-        module(&d, "zfs.ko", "6.12.99+deb13-amd64", "2.3.9-0+deb13u1");
-        assert!(adoptable(&d, &v).is_err_and(|e| e.contains("was not built for 6.12.117+deb13-amd64")));
-        module(&d, "zfs.ko", &v.kernel_release, "2.3.8-1");
-        assert!(adoptable(&d, &v).is_err_and(|e| e.contains("is not zfs 2.3.9-0+deb13u1")));
-        std::fs::remove_dir_all(&d).expect("cleanup");
+    fn the_cache_keys_a_module_by_its_whole_build_root() {
+        let cache = Cache { root: PathBuf::from("/c") };
+        let (v, b) = (versions(), build_root());
+        let here = cached(&cache, &v, &b);
+        assert!(
+            here.to_string_lossy().starts_with("/c/zfs/6.12.117+deb13-amd64_2.3.9-0+deb13u1_"),
+            "{}",
+            here.display()
+        );
+        let mut reordered = b.clone();
+        reordered.reverse();
+        assert_eq!(cached(&cache, &v, &reordered), here, "the order of the lock's entries does not matter");
+        let mut rebuilt = b.clone();
+        rebuilt[0].sha256 = "00".repeat(32);
+        assert_ne!(cached(&cache, &v, &rebuilt), here, "another .deb of the same version is another key");
+        assert_ne!(cached(&cache, &v, &b[1..]), here);
     }
 }
