@@ -19,6 +19,7 @@ pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 pub const BAY_SIZE: &str = "4G";
 
 /// Where the serial console goes.
+#[derive(Clone)]
 pub enum Serial {
     /// The terminal, for people (`-chardev stdio,signal=off`: Ctrl-C reaches the guest).
     Stdio,
@@ -39,6 +40,7 @@ pub struct Link {
     pub more: Vec<PathBuf>,
 }
 
+#[derive(Clone)]
 pub struct Spec {
     pub board: Board,
     /// The boot disk (qcow2). Tests pass a throwaway overlay so the build stays pristine.
@@ -242,7 +244,22 @@ pub struct Vm {
     quiet: bool,
     /// Where in `seen` the current boot's console begins (the last [`Vm::expect_new_shell`]).
     shell_from: usize,
+    /// How to start the VM again, for a VM this handle started.
+    respawn: Option<(Spec, PathBuf)>,
+    /// Whether the guest's initramfs or nasinit has spoken since QEMU started.
+    spoke: bool,
+    /// Times QEMU was started again after the guest stalled before it spoke.
+    restarts: u32,
 }
+
+/// What the guest kernel prints when a CPU stopped answering: under multi-threaded TCG on a
+/// loaded host a vCPU can miss its timer wakeups for good before the kernel has printed anything
+/// (seen on the 2-core test hosts), and that boot never goes on.
+const STALL: &str = "rcu: INFO: rcu_preempt detected stalls";
+/// The first words of nasos's initramfs and of nasinit on the console.
+const SPOKE: &str = "nasinit:";
+/// Starts again after such a stall, at most.
+const STALL_RESTARTS: u32 = 2;
 
 impl Vm {
     /// Starts QEMU with the console on a socket and begins recording it into `transcript`.
@@ -257,7 +274,27 @@ impl Vm {
             .stderr(log)
             .spawn()
             .context("starting qemu-system-x86_64")?;
-        Vm::attach(sock, transcript, spec.qmp.clone(), Some(child), Duration::from_secs(20))
+        let mut vm = Vm::attach(sock, transcript, spec.qmp.clone(), Some(child), Duration::from_secs(20))?;
+        vm.respawn = Some((spec.clone(), transcript.to_path_buf()));
+        Ok(vm)
+    }
+
+    /// Starts QEMU again on the same disks after the guest stalled before anything of nasos ran
+    /// (nothing was written yet: it is a power cycle before the kernel got going). The stalled
+    /// boot's transcript is kept beside the new one.
+    fn restart_after_stall(&mut self) -> anyhow::Result<()> {
+        let Some((spec, transcript)) = self.respawn.clone() else { bail!("this VM was not started here") };
+        eprintln!(
+            "qemu: the guest stalled before nasos's initramfs spoke (an RCU stall: a vCPU missed its timer for good \
+             under multi-threaded TCG); starting QEMU again"
+        );
+        self.kill();
+        let kept = transcript.with_extension(format!("stalled-{}.log", self.restarts + 1));
+        let _ = std::fs::rename(&transcript, &kept);
+        let mut fresh = Vm::start(&spec, &transcript)?;
+        fresh.restarts = self.restarts + 1;
+        *self = fresh;
+        Ok(())
     }
 
     /// Connects to a VM's console socket (waiting up to `wait` for it to appear, e.g. while
@@ -344,6 +381,9 @@ impl Vm {
             seen: Vec::new(),
             quiet: false,
             shell_from: 0,
+            respawn: None,
+            spoke: false,
+            restarts: 0,
         })
     }
 
@@ -370,6 +410,14 @@ impl Vm {
                 }
                 Ok(Console::Line(line)) => {
                     self.seen.push(line.clone());
+                    if !self.spoke {
+                        if line.contains(SPOKE) {
+                            self.spoke = true;
+                        } else if line.contains(STALL) && self.respawn.is_some() && self.restarts < STALL_RESTARTS {
+                            self.restart_after_stall()?;
+                            continue;
+                        }
+                    }
                     if line.contains(needle) {
                         return Ok(line);
                     }
