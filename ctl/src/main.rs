@@ -117,8 +117,14 @@ enum Command {
         #[command(subcommand)]
         what: Debug,
     },
-    /// Stop all services and reboot.
-    Reboot,
+    /// Stop all services and reboot. The next boot's kernel is started directly (kexec), skipping
+    /// the firmware's POST; boot tries are counted as systemd-boot counts them. Where that cannot
+    /// be done it says why and reboots through the firmware.
+    Reboot {
+        /// Reboot through the firmware (a full reset of the hardware).
+        #[arg(long)]
+        firmware: bool,
+    },
     /// Stop all services and power off.
     Poweroff,
     /// Stop all services and halt.
@@ -352,6 +358,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         Command::Upgrade { what: Upgrade::Apply { source, reboot: true, allow_downgrade } } => {
             apply_upgrade(&source, allow_downgrade)?;
+            prepare_reboot(false);
             client.shutdown(ShutdownKind::Reboot).await?;
         }
         // Answered above, before connecting.
@@ -369,11 +376,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
         | Command::Replication { .. }
         | Command::Boots
         | Command::Upgrade { .. } => {}
-        Command::Reboot => client.shutdown(ShutdownKind::Reboot).await?,
+        Command::Reboot { firmware } => {
+            prepare_reboot(firmware);
+            client.shutdown(ShutdownKind::Reboot).await?;
+        }
         Command::Poweroff => client.shutdown(ShutdownKind::Poweroff).await?,
         Command::Halt => client.shutdown(ShutdownKind::Halt).await?,
     }
     Ok(())
+}
+
+/// Loads the next boot's kernel for a fast reboot, or makes sure none is loaded (`firmware`);
+/// says which reboot follows.
+fn prepare_reboot(firmware: bool) {
+    use nasos_services::upgrade::kexec;
+    if firmware {
+        let _ = kexec::unload();
+        println!("reboot: through the firmware");
+        return;
+    }
+    match kexec::prepare() {
+        Ok(l) => println!("reboot: fast (kexec) into nasos {} ({}), skipping the firmware", l.version, l.entry),
+        Err(e) => {
+            let _ = kexec::unload();
+            println!("reboot: through the firmware; a fast reboot cannot be done: {e:#}");
+        }
+    }
 }
 
 fn apply_upgrade(source: &str, allow_downgrade: bool) -> anyhow::Result<()> {

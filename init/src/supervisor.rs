@@ -665,7 +665,7 @@ fn on_trial() -> Option<String> {
         let _ = nasos_exec::Tool::new("modprobe").arg("efivarfs").timeout(std::time::Duration::from_secs(20)).run();
         let _ = nix::mount::mount(Some("efivarfs"), dir, Some("efivarfs"), nix::mount::MsFlags::empty(), None::<&str>);
     }
-    nasos_layout::entry::booted_on_trial(dir)
+    nasos_layout::entry::booted_on_trial(dir, &std::fs::read_to_string("/proc/cmdline").unwrap_or_default())
         .filter(|e| nasos_layout::entry::parse(e).is_some_and(|p| p.counter.is_some()))
 }
 

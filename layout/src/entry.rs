@@ -51,11 +51,34 @@ pub fn id(name: &str) -> Option<String> {
     Some(format!("{PREFIX}{}.efi", e.version))
 }
 
-/// The entry file systemd-boot started, when it carries a try counter (systemd-boot publishes
-/// `LoaderBootCountPath` only for an entry on trial, after decrementing it).
-pub fn booted_on_trial(efivars: &std::path::Path) -> Option<String> {
+/// The kernel command line argument naming the entry a fast reboot (kexec) started, already
+/// counted as systemd-boot counts a try: the firmware's variables still describe the boot before.
+pub const KEXEC_ARG: &str = "nasos.kexec-entry";
+
+/// The entry file that was started, when it carries a try counter: the one a fast reboot names
+/// on the command line (`cmdline`, the running kernel's), else the one systemd-boot publishes in
+/// `LoaderBootCountPath` (only for an entry on trial, after decrementing it).
+pub fn booted_on_trial(efivars: &std::path::Path, cmdline: &str) -> Option<String> {
+    if let Some(name) = kexec_entry(cmdline) {
+        return parse(&name).and_then(|e| e.counter).map(|_| name);
+    }
     let path = loader_var(efivars, "LoaderBootCountPath")?;
     Some(path.rsplit('\\').next().unwrap_or(&path).to_string())
+}
+
+/// The entry a command line says a fast reboot started.
+pub fn kexec_entry(cmdline: &str) -> Option<String> {
+    let prefix = format!("{KEXEC_ARG}=");
+    cmdline.split_whitespace().find_map(|a| a.strip_prefix(&prefix)).map(str::to_string)
+}
+
+/// The name systemd-boot gives an entry as it starts it: one try fewer left, one more done
+/// (`nasos-1.2.0+3.efi` → `nasos-1.2.0+2-1.efi`). `None` when nothing is counted: a blessed
+/// entry, or one with no tries left (started only when asked for by name).
+pub fn after_a_try(name: &str) -> Option<String> {
+    let e = parse(name)?;
+    let (left, done) = e.counter?;
+    (left > 0).then(|| format!("{PREFIX}{}+{}-{}.efi", e.version, left - 1, done + 1))
 }
 
 /// A parsed entry name.
@@ -121,7 +144,11 @@ mod tests {
         }
         std::fs::write(dir.join(format!("LoaderBootCountPath-{LOADER_VENDOR_GUID}")), raw).expect("fixture");
         assert_eq!(loader_var(&dir, "LoaderBootCountPath").as_deref(), Some(text));
-        assert_eq!(booted_on_trial(&dir).as_deref(), Some("nasos-0.1.0+2-1.efi"));
+        assert_eq!(booted_on_trial(&dir, "ro quiet").as_deref(), Some("nasos-0.1.0+2-1.efi"));
+        // After a fast reboot the variable still names the boot before: the command line wins.
+        let kexec = "quiet nasos.kexec-entry=nasos-0.2.0+1-2.efi";
+        assert_eq!(booted_on_trial(&dir, kexec).as_deref(), Some("nasos-0.2.0+1-2.efi"));
+        assert_eq!(booted_on_trial(&dir, "nasos.kexec-entry=nasos-0.2.0.efi"), None, "blessed: not on trial");
         assert_eq!(loader_var(&dir, "LoaderDevicePartUUID"), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -143,6 +170,17 @@ mod tests {
         assert_eq!(cleared.len(), 1);
         assert_eq!(loader_var(&dir, "LoaderEntryOneShot").as_deref(), Some("nasos-0.1.0.efi"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_try_is_counted_as_systemd_boot_counts_it() {
+        assert_eq!(after_a_try("nasos-0.2.0+3.efi").as_deref(), Some("nasos-0.2.0+2-1.efi"));
+        assert_eq!(after_a_try("nasos-0.2.0+2-1.efi").as_deref(), Some("nasos-0.2.0+1-2.efi"));
+        assert_eq!(after_a_try("nasos-0.2.0+0-3.efi"), None, "no tries left: nothing to count");
+        assert_eq!(after_a_try("nasos-0.2.0.efi"), None, "blessed");
+        assert_eq!(after_a_try("grub.efi"), None);
+        assert_eq!(kexec_entry("a nasos.kexec-entry=nasos-1.0+1-1.efi b").as_deref(), Some("nasos-1.0+1-1.efi"));
+        assert_eq!(kexec_entry("nasos.kexec-entryx=1"), None);
     }
 
     #[test]

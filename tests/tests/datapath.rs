@@ -319,7 +319,10 @@ fn reboot() {
         let held = poll(nas, "cat /proc/locks", &inode, Duration::from_secs(30));
         assert!(held.contains(&inode), "the client's lock is not on the appliance ({inode}): {held}");
         eprintln!("client records before the reboot:\n{}", ok(nas, "ls -la /var/lib/nfs/nfsdcld; findmnt /var/lib/nfs"));
-        nas.send_line("nasctl reboot").expect("reboot");
+        // Through the firmware (`--firmware`): the appliance suite checks the fast reboot.
+        nas.send_line("nasctl reboot --firmware").expect("reboot");
+        let said = nas.wait_for("reboot: ", Duration::from_secs(120)).expect("nasctl says which reboot");
+        assert!(said.contains("reboot: through the firmware"), "{said}");
         nas.expect_new_shell();
         let t = std::time::Instant::now();
         nas.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
@@ -327,6 +330,8 @@ fn reboot() {
         eprintln!("reboot to ready: {:.1}s", t.elapsed().as_secs_f64());
         nas.wait_for_login(Duration::from_secs(60)).ok();
         eprintln!("{}", ok(nas, "nasctl timeline"));
+        let cmdline = ok(nas, "cat /proc/cmdline");
+        assert!(!cmdline.contains("nasos.kexec-entry"), "a firmware reboot started by kexec: {cmdline}");
         let log = ok(nas, "nasctl logs storage");
         assert!(log.contains("tank: imported from its bays"), "{log}");
         assert!(!log.contains("created"), "something was created on reboot: {log}");

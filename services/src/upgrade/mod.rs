@@ -9,6 +9,7 @@
 pub mod apply;
 pub mod esp;
 pub mod history;
+pub mod kexec;
 pub mod slots;
 pub mod source;
 pub mod status;
@@ -94,7 +95,9 @@ pub fn bless() -> anyhow::Result<()> {
     }
     // systemd-boot publishes the counted file it booted (after decrementing) here, as
     // systemd-bless-boot reads it; no variable means the entry carries no counter.
-    let Some(booted) = entry::booted_on_trial(Path::new(EFIVARS)) else {
+    let Some(booted) =
+        entry::booted_on_trial(Path::new(EFIVARS), &std::fs::read_to_string("/proc/cmdline").unwrap_or_default())
+    else {
         say("the booted entry has no try counter: already blessed");
         return Ok(());
     };

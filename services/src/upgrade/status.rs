@@ -118,13 +118,20 @@ pub fn view(disk: &BootDisk, esp: &Esp, running_version: &str, st: &State, onesh
 /// Reads the running box's status (mounts the ESP for the time it takes).
 pub fn read() -> anyhow::Result<StatusView> {
     let plan = crate::plan()?;
+    let (disk, esp, oneshot) = boot_choice()?;
+    Ok(view(&disk, &esp, &plan.image.version, &State::mounted(), oneshot.as_deref()))
+}
+
+/// What decides the next boot: the boot disk, its ESP (mounted while held) and the one-shot
+/// entry, if the firmware has one set.
+pub fn boot_choice() -> anyhow::Result<(BootDisk, Esp, Option<String>)> {
     let disk = slots::discover(Path::new("/sys"), Path::new("/dev")).map_err(anyhow::Error::msg)?;
     let esp = Esp::mount(&disk.esp)?;
     let oneshot = super::efivars()
         .ok()
         .and_then(|()| entry::loader_var(Path::new(entry::EFIVARS), super::ONESHOT))
         .filter(|v| !v.is_empty());
-    Ok(view(&disk, &esp, &plan.image.version, &State::mounted(), oneshot.as_deref()))
+    Ok((disk, esp, oneshot))
 }
 
 #[cfg(test)]
