@@ -1019,7 +1019,20 @@ fn held_snapshots_go() {
             now = ok(nas, "date +%s").trim().parse().expect("date");
         }
         assert!(now > until + 70, "the hold has not ended ({now} vs {until})");
-        let snaps = snapshots(nas, "tank/scratch");
+        // A round releases and prunes one snapshot after another: one seen between the two (no
+        // longer held, not yet pruned) is gone by the next round.
+        let settled = |snaps: &[serde_json::Value], now: u64| {
+            let frequent: Vec<&serde_json::Value> = snaps.iter().filter(|s| s["kind"] == "frequently").collect();
+            let older = &frequent[..frequent.len().saturating_sub(2)];
+            older.iter().all(|s| s["held_until"].as_u64().is_some_and(|u| u + 70 > now))
+        };
+        let mut snaps = snapshots(nas, "tank/scratch");
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !settled(&snaps, now) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_secs(5));
+            now = ok(nas, "date +%s").trim().parse().expect("date");
+            snaps = snapshots(nas, "tank/scratch");
+        }
         assert!(!snaps.iter().any(|s| s["name"] == name.as_str()), "{name} outlived its hold: {snaps:#?}");
         let frequent: Vec<&serde_json::Value> = snaps.iter().filter(|s| s["kind"] == "frequently").collect();
         let (older, newest) = frequent.split_at(frequent.len().saturating_sub(2));

@@ -110,6 +110,8 @@ fn hint(e: &std::io::Error) -> &'static str {
     match e.raw_os_error() {
         Some(nix::libc::EPERM) => " (locked down: the next kernel's signature is not one this kernel trusts)",
         Some(nix::libc::EKEYREJECTED) | Some(nix::libc::EBADMSG) => " (the next kernel's signature was rejected)",
+        // Seen under Secure Boot: Debian signs the kernel, and only the db's key is trusted here.
+        Some(nix::libc::ENOKEY) => " (locked down: no key this kernel trusts signed the next kernel)",
         Some(nix::libc::ENOSYS) => " (this kernel has no kexec_file_load)",
         _ => "",
     }
