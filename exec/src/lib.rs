@@ -1,6 +1,7 @@
 //! Running a tool with a deadline, and typed readers of what some tools print. See README.md.
 
 pub mod blkid;
+pub mod kexec;
 
 use std::ffi::OsString;
 use std::io::Read;

@@ -84,7 +84,7 @@ pub fn finish(
         ShutdownKind::Reboot => RebootMode::RB_AUTOBOOT,
         ShutdownKind::Halt => RebootMode::RB_HALT_SYSTEM,
     };
-    if kind == ShutdownKind::Reboot && kexec_loaded() {
+    if kind == ShutdownKind::Reboot && nasos_exec::kexec::loaded() {
         if fast_reboot_allowed(end) {
             // `nasctl reboot` loaded the next boot's kernel and counted its try: start it
             // directly, without the firmware. Should that fail, the firmware reboot below runs.
@@ -94,7 +94,7 @@ pub fn finish(
         } else {
             // A boot ended by nasinit itself (a missed deadline, a fatal condition) is a try that
             // failed: the firmware and systemd-boot count it, and a reset clears the hardware.
-            unload_kexec();
+            let _ = nasos_exec::kexec::unload();
         }
     }
     console.say(&format!("{kind:?}").to_lowercase());
@@ -110,18 +110,6 @@ pub fn finish(
 /// goes through it.
 pub fn fast_reboot_allowed(end: Option<BootEnd>) -> bool {
     end.is_none()
-}
-
-/// Whether a kernel is loaded for kexec.
-fn kexec_loaded() -> bool {
-    std::fs::read_to_string("/sys/kernel/kexec_loaded").is_ok_and(|s| s.trim() == "1")
-}
-
-/// Unloads a kernel loaded for kexec (kexec_file_load with KEXEC_FILE_UNLOAD; no wrapper exists).
-fn unload_kexec() {
-    const KEXEC_FILE_UNLOAD: usize = 1;
-    // SAFETY: with KEXEC_FILE_UNLOAD the descriptors and the command line are not read.
-    let _ = unsafe { nix::libc::syscall(nix::libc::SYS_kexec_file_load, -1, -1, 0usize, 0usize, KEXEC_FILE_UNLOAD) };
 }
 
 fn reap_until_gone(limit: Duration) {

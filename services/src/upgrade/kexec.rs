@@ -119,13 +119,7 @@ fn hint(e: &std::io::Error) -> &'static str {
 
 /// Unloads whatever a fast reboot had loaded: the next reboot goes through the firmware.
 pub fn unload() -> anyhow::Result<()> {
-    const KEXEC_FILE_UNLOAD: usize = 1;
-    // SAFETY: with KEXEC_FILE_UNLOAD the descriptors and the command line are not read.
-    let r = unsafe { nix::libc::syscall(nix::libc::SYS_kexec_file_load, -1, -1, 0usize, 0usize, KEXEC_FILE_UNLOAD) };
-    if r != 0 {
-        bail!("unloading the kexec kernel: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
+    nasos_exec::kexec::unload().context("unloading the kexec kernel")
 }
 
 fn memory_file(name: &str, data: &[u8]) -> anyhow::Result<OwnedFd> {
