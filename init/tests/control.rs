@@ -13,18 +13,33 @@ use nasos_board::plan::Readiness;
 
 const T: Duration = Duration::from_secs(15);
 
-/// nasctl lives in its own crate (`nasos-ctl`); `cargo test --workspace` builds it beside this
-/// test's binaries. Run alone, this test builds it first.
-fn nasctl_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target directory");
-    let bin = dir.join("nasctl");
-    if !bin.exists() {
+/// nasctl lives in its own crate (`nasos-ctl`), so cargo does not build it for this package's
+/// tests. It is built once per test process, into the profile this test binary was built in
+/// (`cargo test --release` runs from `target/release`; a debug build there would be looked for
+/// in the wrong directory, as a clean CI clone showed).
+fn nasctl_bin() -> &'static std::path::Path {
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable");
+        let dir = exe.parent().and_then(|d| d.parent()).expect("target directory").to_path_buf();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let ok = Command::new(cargo).args(["build", "-p", "nasos-ctl", "--bin", "nasctl"]).status().expect("cargo");
-        assert!(ok.success(), "building nasctl");
-    }
-    bin
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", "nasos-ctl", "--bin", "nasctl"]).current_dir(env!("CARGO_MANIFEST_DIR"));
+        if let Some(target) = dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some(profile) => {
+                cmd.args(["--profile", profile]);
+            }
+        }
+        let out = cmd.output().expect("spawn cargo to build nasctl");
+        assert!(out.status.success(), "building nasctl failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        let bin = dir.join("nasctl");
+        assert!(bin.exists(), "{} missing after the build", bin.display());
+        bin
+    })
 }
 
 fn nasctl(n: &Nasinit, args: &[&str]) -> (Option<i32>, String, String) {
