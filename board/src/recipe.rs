@@ -48,6 +48,10 @@ pub struct Recipe {
     /// This box's own replication key.
     #[serde(default)]
     pub replication: Replication,
+    /// Teams sharing the box: each owns a dataset subtree, its client networks (and optionally
+    /// VLANs) and the exports inside its subtree, which only its networks are offered.
+    #[serde(default)]
+    pub tenants: Vec<Tenant>,
     /// The kernel NFS server and its exports.
     #[serde(default)]
     pub nfs: Option<Nfs>,
@@ -67,6 +71,23 @@ pub struct Recipe {
     /// Fault injection for tests; development images only.
     #[serde(default)]
     pub debug: DebugFaults,
+}
+
+impl Recipe {
+    /// The tenant whose subtree holds `dataset` (its root or a dataset below it).
+    pub fn tenant_of(&self, dataset: &str) -> Option<&Tenant> {
+        self.tenants.iter().find(|t| within(dataset, &t.dataset))
+    }
+
+    /// Every dataset the recipe makes: `[[datasets]]` and the tenants' roots.
+    pub fn dataset_names(&self) -> impl Iterator<Item = &str> {
+        self.datasets.iter().map(|d| d.name.as_str()).chain(self.tenants.iter().map(|t| t.dataset.as_str()))
+    }
+}
+
+/// `dataset` is `root` or below it (`tank/a/b` is within `tank/a`, `tank/ab` is not).
+pub fn within(dataset: &str, root: &str) -> bool {
+    dataset == root || dataset.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Deadlines that turn a hang into a counted failed boot (what makes rollback work).
@@ -413,6 +434,70 @@ pub struct Dataset {
     pub properties: BTreeMap<String, String>,
 }
 
+/// One team on a shared box. Its dataset is created with its quota and reservation; the
+/// exports of datasets inside it are its exports, offered only to its networks (a client of
+/// another tenant neither mounts them nor sees them in the NFSv4 pseudo-filesystem), with its
+/// squash policy.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    /// The tenant's name: lowercase letters, digits and dashes (`vision`).
+    pub name: String,
+    /// The root of its dataset subtree, `POOL/NAME[/…]` (`tank/vision`); nasos creates it. The
+    /// datasets below it may be declared in `[[datasets]]`.
+    pub dataset: String,
+    /// The most its subtree may hold, snapshots included (`"20T"`): a client that writes past
+    /// it gets EDQUOT ("Disk quota exceeded") while other tenants write on.
+    #[serde(default)]
+    pub quota: Option<String>,
+    /// Space kept for it whatever the other tenants write (`"1T"`).
+    #[serde(default)]
+    pub reservation: Option<String>,
+    /// Other ZFS properties of its root dataset, as strings.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Its client networks (CIDR). No two tenants' networks overlap.
+    pub networks: Vec<String>,
+    /// Whose identity a client's requests carry on its files.
+    #[serde(default)]
+    pub squash: Squash,
+    /// With `squash = "all"`: the uid every client user is mapped to.
+    #[serde(default)]
+    pub anon_uid: Option<u32>,
+    /// With `squash = "all"`: the gid every client user is mapped to.
+    #[serde(default)]
+    pub anon_gid: Option<u32>,
+    /// Its own VLANs on the box's links (usually the fabric links), each with the box's
+    /// addresses there. NFS on a tenant's VLAN answers only that tenant's networks.
+    #[serde(default)]
+    pub vlans: Vec<TenantVlan>,
+}
+
+/// A tenant's squash policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Squash {
+    /// Client root is mapped to nobody; other users keep their uid and gid.
+    #[default]
+    Root,
+    /// Every client user, root too, is mapped to `anon_uid`/`anon_gid`: the tenant's files all
+    /// belong to the tenant's one account, whatever the clients' users are.
+    All,
+}
+
+/// A tenant's VLAN on one of the box's links.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantVlan {
+    /// The link it is on (a name from `[[network.links]]`).
+    pub link: String,
+    /// VLAN id, 1–4094.
+    #[schemars(range(min = 1, max = 4094))]
+    pub id: u32,
+    /// The box's addresses on it, in CIDR form.
+    pub addresses: Vec<String>,
+}
+
 /// Automatic snapshots of one dataset, with sanoid's semantics: a snapshot of each kind is taken
 /// at the start of each of its periods (UTC: every `frequent_minutes` on the hour, the hour,
 /// midnight, Monday, the first of the month), and the newest `N` of each kind are kept. Without
@@ -609,7 +694,9 @@ pub struct Export {
     /// listener serves every export, so one export asking for RDMA makes all reachable over it.
     #[serde(default)]
     pub rdma: bool,
-    /// Client networks allowed to mount it.
+    /// Client networks allowed to mount it. An export inside a tenant's dataset may leave this
+    /// out: it is then offered read-write to each of the tenant's networks.
+    #[serde(default)]
     pub clients: Vec<ExportClient>,
 }
 

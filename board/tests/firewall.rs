@@ -21,8 +21,8 @@ fn the_appliance_answers_only_for_nfs_roce_and_metrics_on_its_data_link() {
     assert_eq!(
         flows(&p),
         [
-            "data0 tcp/2049 from [10.77.0.0/24 10.77.0.0/25]",
-            "data0 udp/4791 from [10.77.0.0/24 10.77.0.0/25]",
+            "data0 tcp/2049 from [10.77.0.0/24 10.77.0.0/25 10.77.0.128/26 10.77.0.192/26]",
+            "data0 udp/4791 from [10.77.0.0/24 10.77.0.0/25 10.77.0.128/26 10.77.0.192/26]",
             "data0 tcp/9100 from []"
         ]
     );

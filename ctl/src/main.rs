@@ -62,6 +62,8 @@ enum Command {
     Pools,
     /// What the NFS server exports now, its listeners and threads.
     Exports,
+    /// Tenants: each team's dataset, space used against its quota, networks and exports.
+    Tenants,
     /// Fabric links: state, addresses, RDMA ports and RoCE v2 GIDs, DCB as the NIC runs it.
     Fabric,
     /// The firewall as it runs: the ports each link answers on (from the plan) and how many
@@ -222,6 +224,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Snapshots { dataset } => return show_snapshots(dataset.as_deref(), json),
+        Command::Tenants => return show_tenants(json),
         Command::Snapshot { dataset, name, hold } => {
             let secs = match &hold {
                 Some(h) => Some(nasos_services::snapshots::parse_duration(h).with_context(|| {
@@ -369,6 +372,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         | Command::Health { .. }
         | Command::Replace { .. }
         | Command::Snapshots { .. }
+        | Command::Tenants
         | Command::Snapshot { .. }
         | Command::Destroy { .. }
         | Command::Release { .. }
@@ -746,6 +750,42 @@ fn show_pools(json: bool) -> anyhow::Result<()> {
                 if d.mounted { "" } else { " (not mounted)" }
             );
         }
+    }
+    Ok(())
+}
+
+fn show_tenants(json: bool) -> anyhow::Result<()> {
+    let plan = nasos_services::plan()?;
+    let list = inspect::tenants(&plan)?;
+    if json {
+        return print(&list);
+    }
+    if list.is_empty() {
+        println!("no tenants in this box's plan");
+        return Ok(());
+    }
+    let w = list.iter().map(|t| t.name.len()).max().unwrap_or(0).max("TENANT".len());
+    let d = list.iter().map(|t| t.dataset.len()).max().unwrap_or(0).max("DATASET".len());
+    println!(
+        "{:<w$} {:<d$} {:>7} {:>7} {:>5} {:>7}  NETWORKS / EXPORTS",
+        "TENANT", "DATASET", "USED", "QUOTA", "USE%", "AVAIL"
+    );
+    for t in &list {
+        let quota = if t.quota.unwrap_or(0) == 0 { "none".to_string() } else { gib(t.quota) };
+        let pct = t.percent().map_or("-".to_string(), |p| format!("{p:.0}%"));
+        let state = if t.used.is_none() { "  (dataset not there yet)" } else { "" };
+        println!(
+            "{:<w$} {:<d$} {:>7} {:>7} {:>5} {:>7}  {}{state}",
+            t.name,
+            t.dataset,
+            gib(t.used),
+            quota,
+            pct,
+            gib(t.available),
+            t.networks.join(" ")
+        );
+        let exports = if t.exports.is_empty() { "none".to_string() } else { t.exports.join(" ") };
+        println!("{:<w$} {:<d$} {:>39}  exports {exports}, squash {}", "", "", "", t.squash);
     }
     Ok(())
 }

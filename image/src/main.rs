@@ -45,6 +45,23 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Print Kubernetes manifests for the recipe's NFS exports: for each, a StorageClass, a
+    /// static PersistentVolume and a claim bound to it, for the NFS CSI driver (nfs.csi.k8s.io),
+    /// over RDMA (NFS 4.2, port 20049) and over TCP. One `v1/List` for `kubectl apply -f -`.
+    K8s {
+        /// The recipe, e.g. recipes/qemu-dev.toml.
+        recipe: PathBuf,
+        /// Only this tenant's exports (claims in a namespace named after it).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The address the cluster mounts from (default: the box's address facing the export's
+        /// clients).
+        #[arg(long)]
+        server: Option<String>,
+        /// The claims' namespace (default: the tenant's name, or `default`).
+        #[arg(long)]
+        namespace: Option<String>,
+    },
     /// Build the image: a verified A/B disk (raw and qcow2) in build/<image name>/ (or --out).
     Build {
         /// The recipe, e.g. recipes/qemu-dev.toml.
@@ -221,6 +238,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 write!(out, "{plan}")?;
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::K8s { recipe, tenant, server, namespace } => {
+            let Some(loaded) = load(&recipe, false)? else { return Ok(ExitCode::from(1)) };
+            let opts = nasos_k8s::Options { tenant, server, namespace };
+            let list = nasos_k8s::manifests(&loaded.plan(), &opts).with_context(|| recipe.display().to_string())?;
+            println!("{}", serde_json::to_string_pretty(&list)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Sbom { recipe, out } => {

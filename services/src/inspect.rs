@@ -83,6 +83,76 @@ pub fn pools() -> anyhow::Result<Vec<PoolView>> {
     Ok(out)
 }
 
+/// One tenant's space against its quota, for `nasctl tenants` and the metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantView {
+    pub name: String,
+    pub dataset: String,
+    pub networks: Vec<String>,
+    /// Its subtree's space, snapshots included; `None` while the dataset is not there (pool
+    /// not imported yet).
+    pub used: Option<u64>,
+    /// 0 or none: no quota.
+    pub quota: Option<u64>,
+    pub available: Option<u64>,
+    pub reservation: Option<u64>,
+    /// Its exports (datasets).
+    pub exports: Vec<String>,
+    pub squash: String,
+}
+
+impl TenantView {
+    /// Used against quota, in percent; `None` without a quota.
+    pub fn percent(&self) -> Option<f64> {
+        match (self.used, self.quota) {
+            (Some(u), Some(q)) if q > 0 => Some(u as f64 * 100.0 / q as f64),
+            _ => None,
+        }
+    }
+}
+
+/// The tenants of `plan`, with what ZFS says of their datasets (`datasets`: `zfs get` of used,
+/// quota, available and reservation). Pure, so the host tests reach it.
+pub fn tenant_views(plan: &nasos_board::Plan, datasets: &nasos_zfs::DatasetList) -> Vec<TenantView> {
+    plan.tenants
+        .iter()
+        .map(|t| {
+            let d = datasets.datasets.get(&t.dataset);
+            let num = |k: &str| d.and_then(|d| d.value(k)).and_then(nasos_zfs::Value::as_u64);
+            TenantView {
+                name: t.name.clone(),
+                dataset: t.dataset.clone(),
+                networks: t.networks.clone(),
+                used: num("used"),
+                quota: num("quota"),
+                available: num("available"),
+                reservation: num("reservation"),
+                exports: plan
+                    .nfs
+                    .iter()
+                    .flat_map(|n| n.exports.iter())
+                    .filter(|e| e.tenant.as_deref() == Some(t.name.as_str()))
+                    .map(|e| e.dataset.clone())
+                    .collect(),
+                squash: t.squash.clone(),
+            }
+        })
+        .collect()
+}
+
+/// The tenants as they are now.
+pub fn tenants(plan: &nasos_board::Plan) -> anyhow::Result<Vec<TenantView>> {
+    if plan.tenants.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = plan.tenants.iter().map(|t| t.dataset.as_str()).collect();
+    // Asked one by one would fail as a whole for one missing dataset; all at once and then
+    // picked, a missing one just has no figures.
+    let sets = nasos_zfs::dataset_properties(&["used", "quota", "available", "reservation"], &[])
+        .with_context(|| format!("reading the space of {}", names.join(", ")))?;
+    Ok(tenant_views(plan, &sets))
+}
+
 pub fn exports() -> nfsd::NfsState {
     nfsd::state()
 }
@@ -180,4 +250,37 @@ pub fn firewall(json: bool) -> anyhow::Result<String> {
             "the firewall table inet {table} is not loaded (see `nasctl logs firewall`): this box answers on every port"
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_is_read_from_its_dataset_and_one_not_there_has_no_figures() {
+        let mut plan = nasos_board::Plan::empty("box");
+        for (name, dataset) in [("vision", "tank/teams/vision"), ("speech", "tank/teams/speech")] {
+            plan.tenants.push(nasos_board::plan::TenantPlan {
+                name: name.into(),
+                dataset: dataset.into(),
+                networks: vec!["10.77.0.128/26".into()],
+                quota_bytes: None,
+                reservation_bytes: None,
+                squash: "root".into(),
+                vlans: Vec::new(),
+            });
+        }
+        let json = r#"{"output_version":{"command":"zfs get","vers_major":0,"vers_minor":1},"datasets":{
+            "tank/teams/vision":{"name":"tank/teams/vision","type":"FILESYSTEM","pool":"tank","createtxg":25,"properties":{
+              "used":{"value":50331648,"source":{"type":"NONE","data":"-"}},
+              "quota":{"value":67108864,"source":{"type":"LOCAL","data":"-"}},
+              "available":{"value":16777216,"source":{"type":"NONE","data":"-"}},
+              "reservation":{"value":0,"source":{"type":"DEFAULT","data":"-"}}}}}}"#;
+        let sets: nasos_zfs::DatasetList = serde_json::from_str(json).expect("zfs get -j");
+        let v = tenant_views(&plan, &sets);
+        assert_eq!(v.len(), 2);
+        assert_eq!((v[0].used, v[0].quota, v[0].available), (Some(48 << 20), Some(64 << 20), Some(16 << 20)));
+        assert_eq!(v[0].percent().map(|p| p.round()), Some(75.0));
+        assert_eq!((v[1].used, v[1].percent()), (None, None));
+    }
 }

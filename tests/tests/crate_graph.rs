@@ -23,7 +23,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("nasos-ctl", &["nasos-layout", "nasos-bundle", "nasos-board", "nasos-api", "nasos-exec", "nasos-services"]),
     ("nasos-qemu", &["nasos-layout", "nasos-board"]),
-    ("nasos-image", &["nasos-layout", "nasos-bundle", "nasos-board", "nasos-qemu"]),
+    ("nasos-k8s", &["nasos-layout", "nasos-bundle", "nasos-board"]),
+    ("nasos-image", &["nasos-layout", "nasos-bundle", "nasos-board", "nasos-qemu", "nasos-k8s"]),
     ("nasos-tests", &["nasos-layout", "nasos-board", "nasos-qemu"]),
 ];
 
@@ -33,6 +34,9 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("nasos-image", &["tokio", "zbus", "nasos-dcbnl", "nasos-zfs", "nasos-init", "nasos-services", "nasos-api"]),
     // The initramfs's init runs once with nothing around it.
     ("nasos-initramfs", &["tokio", "zbus", "clap", "serde", "nasos-board"]),
+    // Kubernetes' types are for the host CLI; the box never links them.
+    ("nasos-services", &["k8s-openapi", "nasos-k8s"]),
+    ("nasos-ctl", &["k8s-openapi", "nasos-k8s"]),
     // PID 1 never links storage or network logic.
     ("nasos-init", &["nasos-services", "nasos-zfs", "nasos-dcbnl"]),
 ];

@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use nasos_tests::suite::{Shared, Suite};
-use nasos_tests::{Pair, build_binaries, dev_bundle, digest, host_tool, mount_train, ok, poll, poll_until, repo};
+use nasos_tests::{
+    Pair, build_binaries, dev_bundle, digest, host_tool, mount_train, nasos, ok, poll, poll_until, repo,
+};
 
 static PAIR: Shared<Pair> = Shared::new("pair::the_appliance_its_client_and_its_dr_twin_become_ready");
 /// (path under the export, sha256) of the 64 MiB file replicated to the DR twin.
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
     s.check("views::nasctl_shows_pools_exports_and_fabric", views);
     s.check("firewall::only_the_ports_the_plan_serves_answer", firewall);
     s.check("nfs::an_export_refuses_a_client_outside_its_networks", refused_client);
+    s.check("tenants::each_tenant_mounts_and_sees_only_its_own_export_and_a_full_quota_stops_one", tenants);
     s.check("nfs::rdma_and_tcp_round_trip_with_root_squash", round_trip);
     s.check("nfs::a_restarted_nfsd_gets_its_rdma_listener_back", nfsd_restart);
     s.check("nfs::an_unmounted_dataset_is_not_exported", unmounted_not_exported);
@@ -218,6 +221,123 @@ fn refused_client() {
         let scratch =
             tank["datasets"].as_array().expect("datasets").iter().find(|d| d["name"] == "tank/scratch").cloned();
         assert_eq!(scratch.map(|d| d["mounted"].clone()), Some(serde_json::Value::Bool(true)), "{tank}");
+    });
+}
+
+/// Mounts `path` over RDMA at `dir`, or says why not (`Err` with the mount's output).
+fn mount_rdma(gpu: &mut nasos_qemu::Vm, path: &str, dir: &str) -> Result<(), String> {
+    let (out, code) = gpu
+        .run(
+            &format!("mkdir -p {dir} && mount -t nfs -o vers=4.2,proto=rdma,port=20049,soft,timeo=50,retrans=2 10.77.0.1:{path} {dir}"),
+            Duration::from_secs(300),
+        )
+        .expect("mount attempt");
+    if code == 0 { Ok(()) } else { Err(out) }
+}
+
+/// What this client sees of the teams in the NFSv4 pseudo-filesystem.
+fn teams_seen(gpu: &mut nasos_qemu::Vm) -> Vec<String> {
+    ok(gpu, "mkdir -p /tmp/pseudo && mount -t nfs -o vers=4.2,proto=rdma,port=20049 10.77.0.1:/ /tmp/pseudo");
+    let seen = ok(gpu, "ls /tmp/pseudo/export/tank/teams; ls /tmp/pseudo/export/tank | sed 's/^/tank:/'");
+    ok(gpu, "umount /tmp/pseudo");
+    seen.split_whitespace().map(String::from).collect()
+}
+
+/// Two tenants, one client that changes networks. From vision's network (10.77.0.130) the
+/// client mounts vision's export over RDMA, sees neither speech's export nor scratch (not
+/// offered to it) in the pseudo-filesystem, cannot mount speech's, and gets EDQUOT once
+/// vision's 64M are full. From speech's network (10.77.0.200) the reverse holds, and speech
+/// writes on, as its one account (3000:3000), while vision is full.
+fn tenants() {
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        // Vision's side: the client's own address, 10.77.0.130.
+        let seen = teams_seen(gpu);
+        assert!(seen.contains(&"vision".to_string()) && !seen.contains(&"speech".to_string()), "{seen:?}");
+        assert!(seen.contains(&"tank:train".to_string()) && !seen.contains(&"tank:scratch".to_string()), "{seen:?}");
+        let refused =
+            mount_rdma(gpu, "/export/tank/teams/speech", "/tmp/mnt-speech").expect_err("speech from vision's network");
+        assert!(refused.contains("No such file or directory") || refused.contains("access denied"), "{refused}");
+        ok(nas, "install -d -o 1000 -g 1000 /export/tank/teams/vision/work");
+        mount_rdma(gpu, "/export/tank/teams/vision", "/tmp/mnt-vision").expect("vision mounts over RDMA");
+        assert!(ok(gpu, "grep ' /tmp/mnt-vision ' /proc/mounts").contains("proto=rdma"));
+        let as_user = "setpriv --reuid=1000 --regid=1000 --clear-groups";
+        ok(gpu, &format!("{as_user} dd if=/dev/urandom of=/tmp/mnt-vision/work/model bs=1M count=4 status=none"));
+        let model = digest(&ok(gpu, "sha256sum < /tmp/mnt-vision/work/model"));
+        let (out, code) = gpu
+            .run(
+                &format!(
+                    "{as_user} dd if=/dev/urandom of=/tmp/mnt-vision/work/fill bs=1M count=96 oflag=direct status=none"
+                ),
+                Duration::from_secs(600),
+            )
+            .expect("fill vision");
+        assert_ne!(code, 0, "96M went into a 64M quota: {out}");
+        assert!(out.contains("Disk quota exceeded"), "{out}");
+        ok(gpu, "umount /tmp/mnt-vision");
+
+        // The PersistentVolume `nasos k8s` prints for vision, mounted as the CSI driver would:
+        // its server, its share, exactly its mount options.
+        let list: serde_json::Value =
+            serde_json::from_str(&nasos(&["k8s", "recipes/qemu-dev.toml", "--tenant", "vision"]).stdout).expect("k8s");
+        let pv: k8s_openapi::api::core::v1::PersistentVolume = list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .find(|i| {
+                i["kind"] == "PersistentVolume" && i["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-rdma"))
+            })
+            .map(|v| serde_json::from_value(v.clone()).expect("a PersistentVolume"))
+            .expect("an RDMA PersistentVolume");
+        let spec = pv.spec.expect("spec");
+        let csi = spec.csi.expect("csi");
+        let attr = |k: &str| csi.volume_attributes.as_ref().and_then(|a| a.get(k)).cloned().expect(k);
+        let options = spec.mount_options.expect("mount options").join(",");
+        ok(
+            gpu,
+            &format!(
+                "mkdir -p /tmp/mnt-pv && mount -t nfs -o {options} {}:{} /tmp/mnt-pv",
+                attr("server"),
+                attr("share")
+            ),
+        );
+        assert!(ok(gpu, "grep ' /tmp/mnt-pv ' /proc/mounts").contains("proto=rdma"));
+        assert_eq!(digest(&ok(gpu, "sha256sum < /tmp/mnt-pv/work/model")), model, "read through the PV's mount");
+        ok(gpu, "umount /tmp/mnt-pv");
+
+        // Speech's side: the client takes 10.77.0.200 and reaches the box from there.
+        ok(gpu, "ip addr add 10.77.0.200/24 dev data0 && ip route replace 10.77.0.1/32 dev data0 src 10.77.0.200");
+        let seen = teams_seen(gpu);
+        assert!(seen.contains(&"speech".to_string()) && !seen.contains(&"vision".to_string()), "{seen:?}");
+        let refused =
+            mount_rdma(gpu, "/export/tank/teams/vision", "/tmp/mnt-vision").expect_err("vision from speech's network");
+        assert!(refused.contains("No such file or directory") || refused.contains("access denied"), "{refused}");
+        mount_rdma(gpu, "/export/tank/teams/speech", "/tmp/mnt-speech").expect("speech mounts over RDMA");
+        ok(gpu, "dd if=/dev/urandom of=/tmp/mnt-speech/notes bs=1M count=8 oflag=direct status=none");
+        let local = digest(&ok(gpu, "sha256sum < /tmp/mnt-speech/notes"));
+        ok(gpu, "umount /tmp/mnt-speech");
+        ok(gpu, "ip route del 10.77.0.1/32 && ip addr del 10.77.0.200/24 dev data0");
+        assert_eq!(digest(&ok(nas, "sha256sum < /export/tank/teams/speech/notes")), local);
+        // Client root wrote it; squash = "all" made it the tenant's account's.
+        assert_eq!(ok(nas, "stat -c %u:%g /export/tank/teams/speech/notes").trim(), "3000:3000");
+
+        // What the operator sees: vision at its quota, speech with its 8M.
+        let list = json(&ok(nas, "nasctl tenants --json"));
+        let t = |name: &str| list.as_array().expect("tenants").iter().find(|t| t["name"] == name).cloned().expect(name);
+        let (vision, speech) = (t("vision"), t("speech"));
+        assert_eq!(vision["quota"], 64u64 << 20, "{vision}");
+        assert!(vision["used"].as_u64().is_some_and(|u| u > 60 << 20), "{vision}");
+        assert!(speech["used"].as_u64().is_some_and(|u| u >= 8 << 20), "{speech}");
+        let table = ok(nas, "nasctl tenants");
+        assert!(table.lines().any(|l| l.starts_with("vision") && l.contains("64.0M")), "{table}");
+        let metrics = poll(
+            gpu,
+            "curl -sfS --max-time 10 http://10.77.0.1:9100/metrics | grep '^nasos_tenant_quota_bytes'",
+            "tenant=\"vision\"",
+            Duration::from_secs(60),
+        );
+        assert!(metrics.contains("67108864"), "{metrics}");
+        // Room for the checks after this one.
+        ok(nas, "rm /export/tank/teams/vision/work/fill");
     });
 }
 

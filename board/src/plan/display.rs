@@ -170,6 +170,33 @@ impl fmt::Display for Plan {
                 )?;
             }
         }
+        if !self.tenants.is_empty() {
+            writeln!(f, "\ntenants")?;
+            for t in &self.tenants {
+                let size = |b: Option<u64>| b.map_or("none".to_string(), crate::units::format_size);
+                writeln!(
+                    f,
+                    "  {}  {}  quota {}  reservation {}  squash {}",
+                    t.name,
+                    t.dataset,
+                    size(t.quota_bytes),
+                    size(t.reservation_bytes),
+                    t.squash
+                )?;
+                writeln!(f, "    networks {}", t.networks.join(" "))?;
+                if !t.vlans.is_empty() {
+                    writeln!(f, "    vlans {}", t.vlans.join(" "))?;
+                }
+                let exports: Vec<&str> = self
+                    .nfs
+                    .iter()
+                    .flat_map(|n| n.exports.iter())
+                    .filter(|e| e.tenant.as_deref() == Some(t.name.as_str()))
+                    .map(|e| e.dataset.as_str())
+                    .collect();
+                writeln!(f, "    exports {}", if exports.is_empty() { "none".to_string() } else { exports.join(" ") })?;
+            }
+        }
         if let Some(n) = &self.nfs {
             writeln!(f, "\nnfs")?;
             let v: Vec<&str> = n.versions.iter().map(|v| v.as_str()).collect();

@@ -51,12 +51,21 @@ pub fn allowed(plan: &Plan) -> Vec<Allow> {
         let names = interfaces(link);
         let subnets: Vec<IpNet> = names.iter().flat_map(|(_, a)| a.iter().filter_map(|s| s.parse().ok())).collect();
         for (ifname, _) in &names {
+            // A tenant's VLAN answers that tenant's clients only, and a tenant with VLANs is
+            // answered on them only: a VLAN is what isolates it.
+            let vlan_tenant = link.vlans.iter().find(|v| &v.name == ifname).and_then(|v| v.tenant.as_deref());
+            let serves = |e: &&super::ExportPlan| match (vlan_tenant, e.tenant.as_deref()) {
+                (Some(vt), et) => et == Some(vt),
+                (None, Some(et)) => !plan.tenants.iter().any(|t| t.name == et && !t.vlans.is_empty()),
+                (None, None) => true,
+            };
             if let Some(nfs) = &plan.nfs {
                 let on_fabric = fabric.contains(&link.name.as_str());
                 let clients = |rdma_only: bool| -> Vec<String> {
                     let mut nets: Vec<String> = nfs
                         .exports
                         .iter()
+                        .filter(serves)
                         .filter(|e| !rdma_only || e.rdma)
                         .flat_map(|e| e.clients.iter().map(|c| c.network.clone()))
                         .filter(|n| {
@@ -102,7 +111,11 @@ pub fn allowed(plan: &Plan) -> Vec<Allow> {
                 let mut from: Vec<String> = subnets.iter().map(|n| n.trunc().to_string()).collect();
                 if let Some(nfs) = &plan.nfs {
                     from.extend(
-                        nfs.exports.iter().filter(|e| e.rdma).flat_map(|e| e.clients.iter().map(|c| c.network.clone())),
+                        nfs.exports
+                            .iter()
+                            .filter(serves)
+                            .filter(|e| e.rdma)
+                            .flat_map(|e| e.clients.iter().map(|c| c.network.clone())),
                     );
                 }
                 from.sort();

@@ -66,6 +66,9 @@ pub struct Plan {
     /// Peers, what is sent to them and what they may send here.
     #[serde(default)]
     pub replication: ReplicationPlan,
+    /// Teams sharing the box, each with its dataset subtree and networks.
+    #[serde(default)]
+    pub tenants: Vec<TenantPlan>,
     pub nfs: Option<NfsPlan>,
     pub health: HealthPlan,
     pub upgrade: UpgradePlan,
@@ -160,6 +163,25 @@ pub struct VlanPlan {
     pub name: String,
     pub id: u32,
     pub addresses: Vec<String>,
+    /// The tenant whose VLAN it is: NFS on it answers only that tenant's networks.
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+/// One team on the box.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantPlan {
+    pub name: String,
+    /// The root of its subtree (created with its quota and reservation, in `datasets`).
+    pub dataset: String,
+    pub networks: Vec<String>,
+    /// Its quota in bytes; none: unlimited.
+    pub quota_bytes: Option<u64>,
+    pub reservation_bytes: Option<u64>,
+    /// `root` or `all` (every user mapped to `anon_uid`/`anon_gid`).
+    pub squash: String,
+    /// Its VLAN interfaces (`data0.100`).
+    pub vlans: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,6 +251,10 @@ pub struct DatasetPlan {
     pub mountpoint: String,
     /// Every property the dataset must have, quota and reservation included.
     pub properties: BTreeMap<String, String>,
+    /// Who owns its top directory when it is created (uid, gid): a tenant that maps every
+    /// client user to one account gets a root directory that account can write in.
+    #[serde(default)]
+    pub owner: Option<(u32, u32)>,
 }
 
 /// One dataset's snapshot policy: what the `snapshots` service takes, keeps and holds.
@@ -306,6 +332,9 @@ pub struct NfsPlan {
 pub struct ExportPlan {
     pub dataset: String,
     pub path: String,
+    /// The tenant whose export it is (offered to its networks only).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Its clients mount it over RDMA (what made nfsd listen on the RDMA port).
     pub rdma: bool,
     pub clients: Vec<ExportClientPlan>,
@@ -356,6 +385,7 @@ impl Plan {
             datasets: Vec::new(),
             snapshots: Vec::new(),
             replication: ReplicationPlan::default(),
+            tenants: Vec::new(),
             nfs: None,
             health: HealthPlan {
                 watchdog_driver: String::new(),

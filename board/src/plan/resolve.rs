@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::board::Board;
-use crate::recipe::{Access, Recipe};
+use crate::recipe::{Access, ExportClient, Recipe, Squash};
 use crate::units::parse_size;
 use nasos_layout::paths::EXPORT_ROOT;
 
@@ -93,7 +93,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         if let Some(port) = port_of(&link.port) {
             sets.push(MODULES_NET, &port.driver);
         }
-        if !link.vlans.is_empty() {
+        if !link.vlans.is_empty() || r.tenants.iter().any(|t| t.vlans.iter().any(|v| v.link == link.name)) {
             sets.push(MODULES_NET, "8021q");
         }
     }
@@ -158,7 +158,16 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
                         name: format!("{}.{}", l.name, v.id),
                         id: v.id,
                         addresses: v.addresses.clone(),
+                        tenant: None,
                     })
+                    .chain(r.tenants.iter().flat_map(|t| {
+                        t.vlans.iter().filter(|v| v.link == l.name).map(|v| VlanPlan {
+                            name: format!("{}.{}", l.name, v.id),
+                            id: v.id,
+                            addresses: v.addresses.clone(),
+                            tenant: Some(t.name.clone()),
+                        })
+                    }))
                     .collect(),
             })
         })
@@ -232,21 +241,52 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         snapshots.iter().any(|s| s.dataset == name || (s.recursive && name.starts_with(&format!("{}/", s.dataset))))
     };
     let replication = replication(r, &links);
-    let datasets = r
+    let dataset = |name: &str,
+                   props: &BTreeMap<String, String>,
+                   quota: &Option<String>,
+                   reservation: &Option<String>,
+                   owner: Option<(u32, u32)>| {
+        let mut properties = props.clone();
+        if snapshotted(name) {
+            properties.entry("snapdir".into()).or_insert_with(|| "visible".into());
+        }
+        if let Some(q) = quota {
+            properties.insert("quota".into(), q.clone());
+        }
+        if let Some(q) = reservation {
+            properties.insert("reservation".into(), q.clone());
+        }
+        DatasetPlan { name: name.to_string(), mountpoint: format!("{EXPORT_ROOT}/{name}"), properties, owner }
+    };
+    let mut datasets = r
         .datasets
         .iter()
-        .map(|d| {
-            let mut properties = d.properties.clone();
-            if snapshotted(&d.name) {
-                properties.entry("snapdir".into()).or_insert_with(|| "visible".into());
-            }
-            if let Some(q) = &d.quota {
-                properties.insert("quota".into(), q.clone());
-            }
-            if let Some(q) = &d.reservation {
-                properties.insert("reservation".into(), q.clone());
-            }
-            DatasetPlan { name: d.name.clone(), mountpoint: format!("{EXPORT_ROOT}/{}", d.name), properties }
+        .map(|d| dataset(&d.name, &d.properties, &d.quota, &d.reservation, None))
+        .chain(r.tenants.iter().map(|t| {
+            let owner = match (t.squash, t.anon_uid, t.anon_gid) {
+                (Squash::All, Some(u), Some(g)) => Some((u, g)),
+                _ => None,
+            };
+            dataset(&t.dataset, &t.properties, &t.quota, &t.reservation, owner)
+        }))
+        .collect::<Vec<_>>();
+    // Parents before children: a tenant's root is made with its quota before the datasets below
+    // it, whichever section declared which.
+    datasets.sort_by_key(|d: &DatasetPlan| d.name.matches('/').count());
+    let tenants = r
+        .tenants
+        .iter()
+        .map(|t| TenantPlan {
+            name: t.name.clone(),
+            dataset: t.dataset.clone(),
+            networks: t.networks.clone(),
+            quota_bytes: t.quota.as_deref().and_then(parse_size),
+            reservation_bytes: t.reservation.as_deref().and_then(parse_size),
+            squash: match t.squash {
+                Squash::Root => "root".into(),
+                Squash::All => "all".into(),
+            },
+            vlans: t.vlans.iter().map(|v| format!("{}.{}", v.link, v.id)).collect(),
         })
         .collect();
 
@@ -262,36 +302,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
             rdma_port: rdma_exports.then(|| u16::try_from(n.rdma_port).unwrap_or(20049)),
             grace_seconds: n.grace_seconds,
             lease_seconds: n.lease_seconds,
-            exports: n
-                .exports
-                .iter()
-                .map(|e| ExportPlan {
-                    dataset: e.dataset.clone(),
-                    path: format!("{EXPORT_ROOT}/{}", e.dataset),
-                    rdma: e.rdma,
-                    clients: e
-                        .clients
-                        .iter()
-                        .map(|c| {
-                            let mut o = vec![match c.access {
-                                Access::Rw => "rw",
-                                Access::Ro => "ro",
-                            }];
-                            o.push(if c.sync { "sync" } else { "async" });
-                            o.push(if c.root_squash { "root_squash" } else { "no_root_squash" });
-                            // crossmnt: a snapshot in `.zfs/snapshot` is a mount of its own
-                            // (ZFS automounts it on first access), and nfsd serves what is
-                            // mounted below an export only with crossmnt; the datasets below an
-                            // export are served with its options, as its directory tree.
-                            o.extend(["no_subtree_check", "crossmnt", "sec=sys"]);
-                            ExportClientPlan {
-                                network: c.network.clone(),
-                                options: o.into_iter().map(String::from).collect(),
-                            }
-                        })
-                        .collect(),
-                })
-                .collect(),
+            exports: n.exports.iter().map(|e| export(r, e)).collect(),
         }
     });
 
@@ -363,6 +374,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         datasets,
         snapshots,
         replication,
+        tenants,
         nfs,
         health,
         upgrade: UpgradePlan {
@@ -400,6 +412,60 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
 /// Peers with the link and address of this box that reach each one, and the jobs. The peers'
 /// keys are read beside the recipe (`Loaded::plan` fills them in); validation has checked the
 /// references.
+/// One export's lines: its clients (a tenant's networks when it names none) and their options.
+fn export(r: &Recipe, e: &crate::recipe::Export) -> ExportPlan {
+    let tenant = r.tenant_of(&e.dataset);
+    let clients: Vec<ExportClient> = match tenant {
+        Some(t) if e.clients.is_empty() => t
+            .networks
+            .iter()
+            .map(|n| ExportClient {
+                network: n.clone(),
+                access: Access::Rw,
+                root_squash: true,
+                sync: true,
+                i_understand: false,
+            })
+            .collect(),
+        _ => e.clients.clone(),
+    };
+    let clients = clients
+        .iter()
+        .map(|c| {
+            let mut o: Vec<String> = vec![
+                match c.access {
+                    Access::Rw => "rw",
+                    Access::Ro => "ro",
+                }
+                .into(),
+            ];
+            o.push(if c.sync { "sync" } else { "async" }.into());
+            match tenant {
+                // Every user of the tenant's clients, root too, becomes the tenant's account.
+                Some(t) if t.squash == Squash::All => {
+                    o.push("all_squash".into());
+                    o.push(format!("anonuid={}", t.anon_uid.unwrap_or(65534)));
+                    o.push(format!("anongid={}", t.anon_gid.unwrap_or(65534)));
+                }
+                _ => o.push(if c.root_squash { "root_squash" } else { "no_root_squash" }.into()),
+            }
+            // crossmnt: a snapshot in `.zfs/snapshot` is a mount of its own (ZFS automounts it
+            // on first access), and nfsd serves what is mounted below an export only with
+            // crossmnt; the datasets below an export are served with its options, as its
+            // directory tree.
+            o.extend(["no_subtree_check", "crossmnt", "sec=sys"].map(String::from));
+            ExportClientPlan { network: c.network.clone(), options: o }
+        })
+        .collect();
+    ExportPlan {
+        dataset: e.dataset.clone(),
+        path: format!("{EXPORT_ROOT}/{}", e.dataset),
+        tenant: tenant.map(|t| t.name.clone()),
+        rdma: e.rdma,
+        clients,
+    }
+}
+
 fn replication(r: &Recipe, links: &[LinkPlan]) -> ReplicationPlan {
     let peers = r
         .peers

@@ -17,7 +17,7 @@ use ipnet::IpNet;
 
 use crate::board::{Board, DeviceMatch, Port};
 use crate::diag::{Diagnostic, Severity, did_you_mean};
-use crate::recipe::{Recipe, RootLogin};
+use crate::recipe::{Recipe, RootLogin, within};
 use crate::source::{Document, Path};
 use crate::units::{parse_duration, parse_size};
 
@@ -65,6 +65,11 @@ impl Checker<'_, '_> {
         self.error(path, format!("unknown {what} `{name}`"), help);
     }
 
+    /// The 1-based line a path was written on, to name the other side of a conflict.
+    pub(crate) fn line_of(&self, path: &Path) -> usize {
+        self.doc.file.line_col(self.doc.span_of(path).start).0
+    }
+
     pub(crate) fn name(&mut self, path: &Path, what: &str, name: &str, ok: fn(&str) -> bool, rule: &str) {
         if !ok(name) {
             self.error(path, format!("invalid {what} `{name}`"), rule.to_string());
@@ -93,6 +98,7 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     zfs(&mut c, r);
     pools(&mut c, r, board);
     datasets(&mut c, r);
+    tenants(&mut c, r);
     snapshots(&mut c, r);
     replication(&mut c, r);
     nfs(&mut c, r);

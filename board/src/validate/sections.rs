@@ -153,22 +153,25 @@ fn allow(c: &mut Checker<'_, '_>, r: &Recipe) {
             c.unknown(&ap.key("link"), "link", &a.link, &names, "[[network.links]]");
         }
         for (j, net) in a.from.iter().enumerate() {
-            let np = ap.key("from").index(j);
-            match net.parse::<IpNet>() {
-                Err(_) => c.error(
-                    &np,
-                    format!("invalid network `{net}`"),
-                    "write a network in CIDR form, e.g. \"10.40.0.0/24\"".to_string(),
-                ),
-                Ok(n) if n.trunc() != n => c.error(
-                    &np,
-                    format!("network `{net}` has host bits set"),
-                    format!("did you mean \"{}\"?", n.trunc()),
-                ),
-                Ok(_) => {}
-            }
+            network(c, &ap.key("from").index(j), net);
         }
     }
+}
+
+/// A network in CIDR form without host bits, or says what is wrong with it.
+fn network(c: &mut Checker<'_, '_>, at: &Path, net: &str) -> Option<IpNet> {
+    match net.parse::<IpNet>() {
+        Err(_) => c.error(
+            at,
+            format!("invalid network `{net}`"),
+            "write a network in CIDR form, e.g. \"10.40.0.0/24\"".to_string(),
+        ),
+        Ok(n) if n.trunc() != n => {
+            c.error(at, format!("network `{net}` has host bits set"), format!("did you mean \"{}\"?", n.trunc()))
+        }
+        Ok(n) => return Some(n),
+    }
+    None
 }
 
 pub(super) fn cidrs(c: &mut Checker<'_, '_>, path: &Path, list: &[String], all: &mut Vec<(String, Path)>) {
@@ -401,6 +404,217 @@ pub(super) fn datasets(c: &mut Checker<'_, '_>, r: &Recipe) {
             size(c, &dp.key("reservation"), q);
         }
         properties(c, &dp.key("properties"), &ds.properties);
+        if let Some((j, t)) = r.tenants.iter().enumerate().find(|(_, t)| t.dataset == ds.name) {
+            let line = c.line_of(&Path::root().key("tenants").index(j).key("dataset"));
+            c.error(
+                &dp.key("name"),
+                format!(
+                    "`{}` is tenant `{}`'s dataset (line {line}), which nasos creates from the tenant",
+                    ds.name, t.name
+                ),
+                "remove this entry and give its quota, reservation and properties in the tenant".to_string(),
+            );
+        }
+    }
+}
+
+fn pool_of(dataset: &str) -> &str {
+    dataset.split('/').next().unwrap_or(dataset)
+}
+
+/// `[[tenants]]`: names, datasets that do not nest, networks and VLANs no two tenants share.
+pub(super) fn tenants(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let base = Path::root().key("tenants");
+    let pool_names: Vec<&str> = r.pools.iter().map(|p| p.name.as_str()).collect();
+    c.unique("tenant name", r.tenants.iter().enumerate().map(|(i, t)| (t.name.as_str(), base.index(i).key("name"))));
+    // Every tenant network, with where it was written, to find overlaps across tenants.
+    let mut nets: Vec<(IpNet, usize, Path)> = Vec::new();
+    let mut vlans: Vec<(String, u32, usize, Path)> = Vec::new();
+    let own_addresses: Vec<IpNet> = r
+        .network
+        .links
+        .iter()
+        .flat_map(|l| l.addresses.iter().chain(l.vlans.iter().flat_map(|v| v.addresses.iter())))
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    for (i, t) in r.tenants.iter().enumerate() {
+        let tp = base.index(i);
+        c.name(&tp.key("name"), "tenant name", &t.name, is_slug, "tenant names are lowercase letters, digits and `-`");
+        let (pool, rest) = t.dataset.split_once('/').unwrap_or((t.dataset.as_str(), ""));
+        if rest.is_empty() {
+            c.error(
+                &tp.key("dataset"),
+                format!("tenant `{}` has the whole pool `{}`", t.name, t.dataset),
+                format!("give it a dataset of its own, e.g. \"{}/{}\"", t.dataset, t.name),
+            );
+        } else if !pool_names.contains(&pool) {
+            c.unknown(&tp.key("dataset"), "pool", pool, &pool_names, "[[pools]]");
+        } else if !rest.split('/').all(is_dataset_component) {
+            c.error(
+                &tp.key("dataset"),
+                format!("invalid dataset name `{}`", t.dataset),
+                "each component holds letters, digits, `_` `-` `.` `:` and is not empty".to_string(),
+            );
+        }
+        for (j, other) in r.tenants.iter().enumerate().take(i) {
+            if within(&t.dataset, &other.dataset) || within(&other.dataset, &t.dataset) {
+                let line = c.line_of(&base.index(j).key("dataset"));
+                c.error(
+                    &tp.key("dataset"),
+                    format!(
+                        "tenant `{}`'s dataset `{}` overlaps tenant `{}`'s `{}` (line {line})",
+                        t.name, t.dataset, other.name, other.dataset
+                    ),
+                    "give each tenant its own subtree, side by side (e.g. tank/teams/a and tank/teams/b)".to_string(),
+                );
+            }
+        }
+        if let Some(q) = &t.quota {
+            size(c, &tp.key("quota"), q);
+        }
+        if let Some(q) = &t.reservation {
+            size(c, &tp.key("reservation"), q);
+        }
+        properties(c, &tp.key("properties"), &t.properties);
+        if t.networks.is_empty() {
+            c.error(
+                &tp.key("networks"),
+                format!("tenant `{}` has no client networks", t.name),
+                "add networks = [\"10.40.1.0/24\"]: its exports are offered to these only".to_string(),
+            );
+        }
+        for (j, net) in t.networks.iter().enumerate() {
+            let np = tp.key("networks").index(j);
+            match network(c, &np, net) {
+                None => {}
+                Some(n) if n.prefix_len() == 0 => c.error(
+                    &np,
+                    format!("`{net}` is every network: tenant `{}` would share its clients with every other", t.name),
+                    "name the tenant's own client networks".to_string(),
+                ),
+                Some(n) => {
+                    for (m, j2, other_path) in &nets {
+                        if *j2 != i && overlaps(m, &n) {
+                            let line = c.line_of(other_path);
+                            c.error(
+                                &np,
+                                format!(
+                                    "tenant `{}`'s network {n} overlaps tenant `{}`'s {m} (line {line})",
+                                    t.name, r.tenants[*j2].name
+                                ),
+                                "a client address may belong to one tenant only: split the networks so they do not overlap".to_string(),
+                            );
+                        }
+                    }
+                    nets.push((n, i, np));
+                }
+            }
+        }
+        match (t.squash, t.anon_uid, t.anon_gid) {
+            (crate::recipe::Squash::All, None, _) | (crate::recipe::Squash::All, _, None) => c.error(
+                &tp.key("squash"),
+                format!("tenant `{}` maps every user to one account, but does not say which", t.name),
+                "add anon_uid and anon_gid (the uid and gid the tenant's files belong to)".to_string(),
+            ),
+            (crate::recipe::Squash::Root, Some(_), _) | (crate::recipe::Squash::Root, _, Some(_)) => c.error(
+                &tp.key(if t.anon_uid.is_some() { "anon_uid" } else { "anon_gid" }),
+                "anon_uid and anon_gid apply only with squash = \"all\"",
+                "set squash = \"all\" to map every user to them, or remove them".to_string(),
+            ),
+            _ => {}
+        }
+        for (j, v) in t.vlans.iter().enumerate() {
+            let vp = tp.key("vlans").index(j);
+            let Some(link) = r.network.links.iter().find(|l| l.name == v.link) else {
+                let names: Vec<&str> = r.network.links.iter().map(|l| l.name.as_str()).collect();
+                c.unknown(&vp.key("link"), "link", &v.link, &names, "[[network.links]]");
+                continue;
+            };
+            if !(1..=4094).contains(&v.id) {
+                continue; // the schema said so
+            }
+            let ifname = format!("{}.{}", link.name, v.id);
+            if ifname.len() > 15 {
+                c.error(
+                    &vp.key("id"),
+                    format!("VLAN interface name `{ifname}` is longer than 15 characters"),
+                    "shorten the link name".to_string(),
+                );
+            }
+            if let Some(k) = link.vlans.iter().position(|x| x.id == v.id) {
+                let li = r.network.links.iter().position(|l| l.name == v.link).unwrap_or(0);
+                let line =
+                    c.line_of(&Path::root().key("network").key("links").index(li).key("vlans").index(k).key("id"));
+                c.error(
+                    &vp.key("id"),
+                    format!(
+                        "VLAN {} on `{}` is the link's own VLAN (line {line}), not tenant `{}`'s",
+                        v.id, v.link, t.name
+                    ),
+                    "give the tenant a VLAN id the link does not use".to_string(),
+                );
+            }
+            if let Some((_, _, other, other_path)) =
+                vlans.iter().find(|(l, id, o, _)| *l == v.link && *id == v.id && *o != i)
+            {
+                let line = c.line_of(other_path);
+                c.error(
+                    &vp.key("id"),
+                    format!(
+                        "VLAN {} on `{}` is tenant `{}`'s already (line {line}): a VLAN isolates one tenant",
+                        v.id, v.link, r.tenants[*other].name
+                    ),
+                    "give each tenant its own VLAN id".to_string(),
+                );
+            }
+            vlans.push((v.link.clone(), v.id, i, vp.key("id")));
+            let mut addrs = Vec::new();
+            cidrs(c, &vp.key("addresses"), &v.addresses, &mut addrs);
+            for (a, ap) in addrs {
+                if let Ok(n) = a.parse::<IpNet>()
+                    && own_addresses.iter().any(|o| o.addr() == n.addr())
+                {
+                    c.error(
+                        &ap,
+                        format!("address {} is already one of the box's links'", n.addr()),
+                        "give the tenant's VLAN an address of its own".to_string(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// An export inside a tenant's subtree: offered to the tenant's networks only, with its squash.
+fn tenant_export(c: &mut Checker<'_, '_>, t: &crate::recipe::Tenant, e: &crate::recipe::Export, ep: &Path) {
+    let nets: Vec<IpNet> = t.networks.iter().filter_map(|n| n.parse().ok()).collect();
+    for (j, cl) in e.clients.iter().enumerate() {
+        let cp = ep.key("clients").index(j);
+        if let Ok(n) = cl.network.parse::<IpNet>()
+            && !nets.iter().any(|m| m.contains(&n))
+        {
+            c.error(
+                &cp.key("network"),
+                format!(
+                    "client network {n} is not one of tenant `{}`'s networks ({}): `{}` is the tenant's",
+                    t.name,
+                    t.networks.join(", "),
+                    e.dataset
+                ),
+                "use a network inside the tenant's, or leave clients out to offer it to all of them".to_string(),
+            );
+        }
+        if t.squash == crate::recipe::Squash::All && !cl.root_squash {
+            c.error(
+                &cp.key("root_squash"),
+                format!("tenant `{}` maps every user, root too, to its account (squash = \"all\")", t.name),
+                "remove root_squash = false, or change the tenant's squash".to_string(),
+            );
+        }
     }
 }
 
@@ -413,8 +627,7 @@ const MAX_KEEP: u32 = 10_000;
 
 pub(super) fn snapshots(c: &mut Checker<'_, '_>, r: &Recipe) {
     let base = Path::root().key("snapshots");
-    let known: Vec<&str> =
-        r.pools.iter().map(|p| p.name.as_str()).chain(r.datasets.iter().map(|d| d.name.as_str())).collect();
+    let known: Vec<&str> = r.pools.iter().map(|p| p.name.as_str()).chain(r.dataset_names()).collect();
     c.unique(
         "snapshot policy for dataset",
         r.snapshots.iter().enumerate().map(|(i, p)| (p.dataset.as_str(), base.index(i).key("dataset"))),
@@ -508,7 +721,7 @@ pub(super) fn replication(c: &mut Checker<'_, '_>, r: &Recipe) {
         .filter_map(|a| a.parse().ok())
         .collect();
     let own: Vec<&str> = r.pools.iter().map(|p| p.name.as_str()).collect();
-    let defined: Vec<&str> = r.datasets.iter().map(|d| d.name.as_str()).collect();
+    let defined: Vec<&str> = r.dataset_names().collect();
     for (i, peer) in r.peers.iter().enumerate() {
         let pp = base.index(i);
         c.name(&pp.key("name"), "peer name", &peer.name, is_slug, "peer names are lowercase letters, digits and `-`");
@@ -668,7 +881,7 @@ pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
             "use 20049, the IANA port for NFS over RDMA".to_string(),
         );
     }
-    let mut exportable: Vec<&str> = r.datasets.iter().map(|d| d.name.as_str()).collect();
+    let mut exportable: Vec<&str> = r.dataset_names().collect();
     exportable.extend(r.pools.iter().map(|p| p.name.as_str()));
     // A replica a peer sends here can be served (read-only until promoted).
     exportable.extend(r.peers.iter().flat_map(|p| p.receive.iter().map(String::as_str)));
@@ -711,7 +924,21 @@ pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
                 "add a [fabric] section naming an RDMA-capable link, or set rdma = false".to_string(),
             );
         }
-        if e.clients.is_empty() {
+        let tenant = r.tenant_of(&e.dataset);
+        if let Some(t) = tenant {
+            tenant_export(c, t, e, &ep);
+        }
+        for t in r.tenants.iter().filter(|t| t.dataset != e.dataset && within(&t.dataset, &e.dataset)) {
+            c.error(
+                &ep.key("dataset"),
+                format!(
+                    "export of `{}` holds tenant `{}`'s dataset `{}`: its clients would reach the tenant's files (nfsd crosses into the datasets below an export)",
+                    e.dataset, t.name, t.dataset
+                ),
+                format!("export datasets beside the tenants' (e.g. `{}/shared`), not above them", pool_of(&e.dataset)),
+            );
+        }
+        if e.clients.is_empty() && tenant.is_none() {
             c.error(
                 &ep.key("clients"),
                 format!("export of `{}` has no clients", e.dataset),

@@ -479,6 +479,7 @@ mod tests {
             services: Ok(vec![ServiceObs { name: "nfs".into(), state: "running".into(), restarts: 0 }]),
             cpu_celsius: None,
             replication: Vec::new(),
+            tenants: Vec::new(),
             ecc: None,
         }
     }

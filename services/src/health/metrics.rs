@@ -229,6 +229,18 @@ pub fn render(report: &Report, all_checks: &[super::checks::Check]) -> String {
         }
         s.counter("nasos_replication_sent_bytes", "Bytes sent to the peer for this dataset", l(), r.total_bytes);
     }
+    for t in &o.tenants {
+        let l = || vec![("tenant", t.name.clone()), ("dataset", t.dataset.clone())];
+        if let Some(u) = t.used {
+            s.gauge("nasos_tenant_used_bytes", "Space the tenant's subtree uses, snapshots included", l(), u as f64);
+        }
+        if let Some(q) = t.quota.filter(|q| *q > 0) {
+            s.gauge("nasos_tenant_quota_bytes", "The tenant's quota", l(), q as f64);
+        }
+        if let Some(a) = t.available {
+            s.gauge("nasos_tenant_available_bytes", "Space the tenant can still write", l(), a as f64);
+        }
+    }
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_text::encode(&mut out, &s.registry);
@@ -352,6 +364,17 @@ mod tests {
                 total_bytes: 64 << 20,
             }],
             ecc: Some((1, 0)),
+            tenants: vec![crate::inspect::TenantView {
+                name: "vision".into(),
+                dataset: "tank/teams/vision".into(),
+                networks: vec!["10.77.0.128/26".into()],
+                used: Some(48 << 20),
+                quota: Some(64 << 20),
+                available: Some(16 << 20),
+                reservation: Some(0),
+                exports: vec!["tank/teams/vision".into()],
+                squash: "root".into(),
+            }],
         };
         let checks = vec![
             Check {
@@ -382,6 +405,8 @@ mod tests {
             "nasos_rdma_port_events_total{device=\"rxe0\",port=\"1\",link=\"data0\",counter=\"rcvd_seq_err\"} 3",
             "nasos_nfs_listener{transport=\"rdma\"} 0.0",
             "nasos_service_restarts_total{service=\"nfs\"} 1",
+            "nasos_tenant_used_bytes{tenant=\"vision\",dataset=\"tank/teams/vision\"} 50331648.0",
+            "nasos_tenant_quota_bytes{tenant=\"vision\",dataset=\"tank/teams/vision\"} 67108864.0",
             "# TYPE nasos_nvme_media_errors_total counter",
         ] {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");

@@ -31,6 +31,9 @@ pub struct Observation {
     /// Each dataset this box sends to a peer, from the replication agent's record.
     #[serde(default)]
     pub replication: Vec<ReplicationObs>,
+    /// Each tenant's space against its quota (empty when ZFS could not be asked).
+    #[serde(default)]
+    pub tenants: Vec<crate::inspect::TenantView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +128,7 @@ pub fn observe(plan: &Plan, services: Result<Vec<ServiceObs>, String>) -> Observ
         cpu_celsius: cpu_celsius(sys),
         ecc: ecc(sys),
         replication: replication(plan),
+        tenants: crate::inspect::tenants(plan).unwrap_or_default(),
     }
 }
 

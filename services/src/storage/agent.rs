@@ -39,7 +39,14 @@ pub fn up() -> anyhow::Result<()> {
             }
             args.push(ds.name.clone());
             run("zfs", &args.iter().map(String::as_str).collect::<Vec<_>>())?;
-            say(format!("{}: created", ds.name));
+            // Only when made: the owner is the operator's to change afterwards.
+            if let Some((uid, gid)) = ds.owner {
+                std::os::unix::fs::chown(&ds.mountpoint, Some(uid), Some(gid))
+                    .with_context(|| format!("giving {} to {uid}:{gid}", ds.mountpoint))?;
+                say(format!("{}: created, owned by {uid}:{gid}", ds.name));
+            } else {
+                say(format!("{}: created", ds.name));
+            }
             continue;
         }
         let mut changed = Vec::new();
