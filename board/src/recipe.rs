@@ -52,6 +52,10 @@ pub struct Recipe {
     /// VLANs) and the exports inside its subtree, which only its networks are offered.
     #[serde(default)]
     pub tenants: Vec<Tenant>,
+    /// The Kerberos realm the box's `sec=krb5*` exports belong to, and the users whose
+    /// principals own files on it.
+    #[serde(default)]
+    pub kerberos: Option<Kerberos>,
     /// The kernel NFS server and its exports.
     #[serde(default)]
     pub nfs: Option<Nfs>,
@@ -434,6 +438,32 @@ pub struct Dataset {
     pub properties: BTreeMap<String, String>,
 }
 
+/// Kerberos for NFS: the box accepts tickets for its `nfs/` service principal (its keytab is
+/// joined once with `nasctl kerberos join FILE` and kept on the state partition) and maps each
+/// principal of the realm to the account of the same name.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Kerberos {
+    /// The realm, in capitals (`EXAMPLE.COM`); its lowercase is the NFSv4 id-mapping domain.
+    pub realm: String,
+    /// The accounts principals of the realm map to (`alice@REALM` → `alice`): files a user
+    /// writes are owned by its uid on the box.
+    #[serde(default)]
+    pub users: Vec<KerberosUser>,
+}
+
+/// An account on the box for a principal of the realm.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KerberosUser {
+    /// The principal's name without the realm, and the account's (`alice`).
+    pub name: String,
+    #[schemars(range(min = 1000, max = 60000))]
+    pub uid: u32,
+    #[schemars(range(min = 1000, max = 60000))]
+    pub gid: u32,
+}
+
 /// One team on a shared box. Its dataset is created with its quota and reservation; the
 /// exports of datasets inside it are its exports, offered only to its networks (a client of
 /// another tenant neither mounts them nor sees them in the NFSv4 pseudo-filesystem), with its
@@ -694,10 +724,44 @@ pub struct Export {
     /// listener serves every export, so one export asking for RDMA makes all reachable over it.
     #[serde(default)]
     pub rdma: bool,
+    /// How clients prove who they are: `sys` (the client's word, trusted by address), `krb5`
+    /// (a Kerberos ticket), `krb5i` (and every message integrity-checked) or `krb5p` (and
+    /// encrypted). Several are offered in the order given.
+    #[serde(default = "default_security")]
+    pub security: Vec<Security>,
     /// Client networks allowed to mount it. An export inside a tenant's dataset may leave this
     /// out: it is then offered read-write to each of the tenant's networks.
     #[serde(default)]
     pub clients: Vec<ExportClient>,
+}
+
+fn default_security() -> Vec<Security> {
+    vec![Security::Sys]
+}
+
+/// An export's security flavour (exports(5) `sec=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Security {
+    Sys,
+    Krb5,
+    Krb5i,
+    Krb5p,
+}
+
+impl Security {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Security::Sys => "sys",
+            Security::Krb5 => "krb5",
+            Security::Krb5i => "krb5i",
+            Security::Krb5p => "krb5p",
+        }
+    }
+
+    pub fn kerberos(self) -> bool {
+        self != Security::Sys
+    }
 }
 
 /// A client network of an export.

@@ -64,6 +64,11 @@ enum Command {
     Exports,
     /// Tenants: each team's dataset, space used against its quota, networks and exports.
     Tenants,
+    /// Kerberos: the realm, the joined keytab and the principal NFS accepts tickets for.
+    Kerberos {
+        #[command(subcommand)]
+        what: Option<Kerberos>,
+    },
     /// Fabric links: state, addresses, RDMA ports and RoCE v2 GIDs, DCB as the NIC runs it.
     Fabric,
     /// The firewall as it runs: the ports each link answers on (from the plan) and how many
@@ -165,6 +170,14 @@ enum Replication {
 }
 
 #[derive(Subcommand)]
+enum Kerberos {
+    /// Keep KEYTAB (a keytab with this box's nfs/ principal, from the realm's kadmin `ktadd` or
+    /// AD's `ktpass`) on the state partition, where it survives reboots and upgrades, and
+    /// restart NFS so krb5 exports accept tickets for it.
+    Join { keytab: PathBuf },
+}
+
+#[derive(Subcommand)]
 enum Debug {
     /// Stop nasinit's event loop, as a hung PID 1 would: the hardware watchdog must reset the
     /// box. Refused on a non-development image.
@@ -225,6 +238,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         Command::Snapshots { dataset } => return show_snapshots(dataset.as_deref(), json),
         Command::Tenants => return show_tenants(json),
+        Command::Kerberos { what: None } => return show_kerberos(json),
         Command::Snapshot { dataset, name, hold } => {
             let secs = match &hold {
                 Some(h) => Some(nasos_services::snapshots::parse_duration(h).with_context(|| {
@@ -348,6 +362,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
             client.debug_freeze().await?;
             println!("nasinit's loop is frozen; the watchdog resets the box when its timeout passes");
         }
+        Command::Kerberos { what: Some(Kerberos::Join { keytab }) } => {
+            let plan = nasos_services::plan()?;
+            let Some(k) = &plan.kerberos else {
+                anyhow::bail!("this box's plan has no Kerberos realm: add [kerberos] to its recipe first");
+            };
+            let principal = nasos_services::kerberos::join(k, &keytab)?;
+            println!("joined {}: NFS accepts tickets for {principal}", k.realm);
+            if plan.nfs.as_ref().is_some_and(|n| n.gss) {
+                client.restart("nfs").await?;
+                println!("restarted nfs; `nasctl logs nfs` shows it");
+            }
+        }
         Command::Replication { what: Some(Replication::Send) } => {
             let list = client.services().await?;
             let pid = list.iter().find(|s| s.name == "replication").map_or(0, |s| s.pid);
@@ -373,6 +399,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         | Command::Replace { .. }
         | Command::Snapshots { .. }
         | Command::Tenants
+        | Command::Kerberos { what: None }
         | Command::Snapshot { .. }
         | Command::Destroy { .. }
         | Command::Release { .. }
@@ -751,6 +778,31 @@ fn show_pools(json: bool) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+fn show_kerberos(json: bool) -> anyhow::Result<()> {
+    let plan = nasos_services::plan()?;
+    let Some(k) = &plan.kerberos else {
+        println!("no Kerberos realm in this box's plan");
+        return Ok(());
+    };
+    let v = nasos_services::kerberos::view(k);
+    if json {
+        return print(&v);
+    }
+    println!("realm      {}", v.realm);
+    match (&v.principal, &v.error) {
+        (_, Some(e)) => println!("keytab     unreadable: {e}"),
+        (Some(p), None) => println!("accepting  {p}"),
+        (None, None) if v.keytab.is_some() => println!("keytab     holds no nfs/ principal of {}", v.realm),
+        (None, None) => println!("keytab     none yet: nasctl kerberos join FILE"),
+    }
+    for e in &v.entries {
+        println!("  kvno {:<4} enctype {:<3} {}", e.kvno, e.enctype, e.principal);
+    }
+    let users: Vec<String> = k.users.iter().map(|(n, u, g)| format!("{n} ({u}:{g})")).collect();
+    println!("users      {}", if users.is_empty() { "none".to_string() } else { users.join(", ") });
     Ok(())
 }
 

@@ -88,6 +88,11 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
     // Written whatever the plan: a box with no links loads none, and the file shows what it would.
     write(tree, paths::FIREWALL_RULES, nasos_board::plan::firewall::ruleset(plan).as_bytes(), 0o644)?;
     set_root_password(tree, plan)?;
+    if let Some(k) = &plan.kerberos {
+        write(tree, "/etc/krb5.conf", k.krb5_conf().as_bytes(), 0o644)?;
+        write(tree, "/etc/idmapd.conf", k.idmapd_conf().as_bytes(), 0o644)?;
+        add_accounts(tree, &k.users)?;
+    }
     // The kernel looks for /sbin/init; the initramfs execs nasinit directly, but a rescue boot
     // with init= pointing at the usual place should land in nasinit too.
     let init = tree.join("usr/sbin/init");
@@ -120,6 +125,35 @@ fn set_root_password(tree: &Path, plan: &Plan) -> anyhow::Result<()> {
         out.push('\n');
     }
     std::fs::write(&path, out)?;
+    Ok(())
+}
+
+/// The accounts the realm's principals map to: no password, no shell, no home; they exist so
+/// files have owners.
+fn add_accounts(tree: &Path, users: &[(String, u32, u32)]) -> anyhow::Result<()> {
+    let read = |f: &str| std::fs::read_to_string(tree.join(f)).with_context(|| format!("reading /{f} of the rootfs"));
+    let (mut passwd, mut group, mut shadow) = (read("etc/passwd")?, read("etc/group")?, read("etc/shadow")?);
+    let taken = |table: &str, name: &str, id: u32| {
+        table.lines().any(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            f.first() == Some(&name) || f.get(2) == Some(&id.to_string().as_str())
+        })
+    };
+    for (name, uid, gid) in users {
+        if taken(&passwd, name, *uid) {
+            anyhow::bail!(
+                "[kerberos] user `{name}` (uid {uid}) collides with an account of the image's packages; choose another name or uid"
+            );
+        }
+        passwd.push_str(&format!("{name}:x:{uid}:{gid}::/nonexistent:/usr/sbin/nologin\n"));
+        shadow.push_str(&format!("{name}:*:1::::::\n"));
+        if !taken(&group, name, *gid) {
+            group.push_str(&format!("{name}:x:{gid}:\n"));
+        }
+    }
+    std::fs::write(tree.join("etc/passwd"), passwd)?;
+    std::fs::write(tree.join("etc/group"), group)?;
+    std::fs::write(tree.join("etc/shadow"), shadow)?;
     Ok(())
 }
 

@@ -47,6 +47,9 @@ pub const FATAL_RESETS: &str = "fatal-resets";
 pub const REPLICATION_KEY: &str = "identity/replication-ed25519";
 /// Each replication job's last result (`DATASET@PEER.json`, `/` as `_`), and `promoted/`.
 pub const REPLICATION: &str = "replication";
+/// The box's Kerberos keytab (its `nfs/` service key), joined once with `nasctl kerberos join`.
+/// A factory reset forgets it, like every credential.
+pub const KEYTAB: &str = "credentials/krb5.keytab";
 /// Written by `nasctl factory-reset`; the next boot formats the partition afresh.
 pub const FACTORY_RESET: &str = "factory-reset";
 /// How many earlier boots keep their logs.

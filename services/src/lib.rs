@@ -11,6 +11,7 @@ pub mod fabric;
 pub mod health;
 pub mod inspect;
 pub mod jsonl;
+pub mod kerberos;
 pub mod mounts;
 pub mod nfs;
 pub mod nfsd;

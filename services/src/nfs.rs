@@ -62,6 +62,9 @@ pub fn serve() -> anyhow::Result<()> {
     let nfsdcld = start_nfsdcld()?;
     let nfsdcld_pid = nfsdcld.id();
     daemons.push(nfsdcld);
+    if nfs.gss {
+        daemons.extend(start_gss(plan.kerberos.as_ref())?);
+    }
     let mut mountd = Command::new("rpc.mountd");
     mountd.arg("-F");
     if !nfs.rpcbind {
@@ -116,6 +119,38 @@ pub fn serve() -> anyhow::Result<()> {
     }
     say("nfsd stopped");
     status
+}
+
+/// Kerberos for the `sec=krb5*` exports: rpc.idmapd (owners as `name@domain`, and the
+/// realm's principals as the accounts of their names) and rpc.svcgssd accepting tickets for
+/// the joined keytab's `nfs/` principal. Without a keytab the krb5 exports refuse every client
+/// until `nasctl kerberos join`, and the service says so; `sec=sys` exports serve regardless.
+fn start_gss(kerberos: Option<&nasos_board::plan::KerberosPlan>) -> anyhow::Result<Vec<Child>> {
+    let Some(k) = kerberos else { bail!("the plan has krb5 exports but no Kerberos realm") };
+    let mut out = Vec::new();
+    out.push(Command::new("rpc.idmapd").args(["-f", "-S"]).spawn().context("starting rpc.idmapd")?);
+    let view = crate::kerberos::view(k);
+    if let Some(e) = &view.error {
+        say(format!("kerberos: the joined keytab cannot be read ({e}); krb5 exports refuse every client"));
+        return Ok(out);
+    }
+    let Some(principal) = view.principal else {
+        say(format!(
+            "kerberos: no keytab for {} yet; krb5 exports refuse every client until `nasctl kerberos join FILE`",
+            k.realm
+        ));
+        return Ok(out);
+    };
+    let keytab = crate::kerberos::keytab_path();
+    out.push(
+        Command::new("rpc.svcgssd")
+            .args(["-f", "-p", &principal])
+            .env("KRB5_KTNAME", format!("FILE:{}", keytab.display()))
+            .spawn()
+            .context("starting rpc.svcgssd")?,
+    );
+    say(format!("kerberos: accepting tickets for {principal}"));
+    Ok(out)
 }
 
 /// Where nfsdcld and the kernel meet: rpc_pipefs where Debian's nfs.conf puts it, and the pipe

@@ -69,6 +69,9 @@ pub struct Plan {
     /// Teams sharing the box, each with its dataset subtree and networks.
     #[serde(default)]
     pub tenants: Vec<TenantPlan>,
+    /// The Kerberos realm of the `sec=krb5*` exports.
+    #[serde(default)]
+    pub kerberos: Option<KerberosPlan>,
     pub nfs: Option<NfsPlan>,
     pub health: HealthPlan,
     pub upgrade: UpgradePlan,
@@ -166,6 +169,36 @@ pub struct VlanPlan {
     /// The tenant whose VLAN it is: NFS on it answers only that tenant's networks.
     #[serde(default)]
     pub tenant: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KerberosPlan {
+    pub realm: String,
+    /// The NFSv4 id-mapping domain: the realm in lowercase.
+    pub idmap_domain: String,
+    /// Accounts the realm's principals map to: (name, uid, gid).
+    pub users: Vec<(String, u32, u32)>,
+}
+
+impl KerberosPlan {
+    /// /etc/krb5.conf: the realm is the default, and nothing is looked up in DNS (the box
+    /// resolves no names; accepting a ticket needs only the keytab).
+    pub fn krb5_conf(&self) -> String {
+        format!(
+            "# Written by nasos from the plan.\n[libdefaults]\n\tdefault_realm = {}\n\tdns_lookup_kdc = false\n\tdns_lookup_realm = false\n",
+            self.realm
+        )
+    }
+
+    /// /etc/idmapd.conf: owners travel as `name@domain`; a principal of the realm is the
+    /// account of its name. Debian's unknown-owner group is `nogroup`: rpc.idmapd exits when
+    /// the group it is told (by default `nobody`) does not exist.
+    pub fn idmapd_conf(&self) -> String {
+        format!(
+            "# Written by nasos from the plan.\n[General]\nDomain = {}\nLocal-Realms = {}\n\n[Mapping]\nNobody-User = nobody\nNobody-Group = nogroup\n\n[Translation]\nMethod = nsswitch\n",
+            self.idmap_domain, self.realm
+        )
+    }
 }
 
 /// One team on the box.
@@ -325,6 +358,9 @@ pub struct NfsPlan {
     pub lease_seconds: u32,
     /// NFSv3 needs rpcbind and rpc.statd; NFSv4 alone does not.
     pub rpcbind: bool,
+    /// An export asks for Kerberos: rpc.svcgssd (with the joined keytab) and rpc.idmapd run.
+    #[serde(default)]
+    pub gss: bool,
     pub exports: Vec<ExportPlan>,
 }
 
@@ -386,6 +422,7 @@ impl Plan {
             snapshots: Vec::new(),
             replication: ReplicationPlan::default(),
             tenants: Vec::new(),
+            kerberos: None,
             nfs: None,
             health: HealthPlan {
                 watchdog_driver: String::new(),

@@ -17,6 +17,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     let uses_zfs = !r.pools.is_empty();
     let network = r.fabric.is_some() || !r.network.links.is_empty();
     let rdma_exports = r.nfs.as_ref().is_some_and(|n| n.exports.iter().any(|e| e.rdma));
+    let gss = r.nfs.as_ref().is_some_and(|n| n.exports.iter().any(|e| e.security.iter().any(|f| f.kerberos())));
     let port_of = |name: &str| b.ports.iter().find(|p| p.name == name);
 
     let mut packages: Vec<String> = [
@@ -115,6 +116,11 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     }
     if rdma_exports {
         sets.push(MODULES_NFS, "rpcrdma");
+    }
+    if gss {
+        // nfsd loads the Kerberos mechanism on a client's first krb5 context; it must be in the
+        // image, and loaded before then so the first mount does not wait on it.
+        sets.push(MODULES_NFS, "rpcsec_gss_krb5");
     }
     // The bays' driver; with pools, the set it landed in waits for udev to name the bays (only
     // storage needs the names at boot).
@@ -296,6 +302,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         versions.dedup();
         NfsPlan {
             rpcbind: versions.contains(&NfsVersion::V3),
+            gss,
             versions,
             threads: n.threads,
             tcp_port: 2049,
@@ -375,6 +382,11 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         snapshots,
         replication,
         tenants,
+        kerberos: r.kerberos.as_ref().map(|k| KerberosPlan {
+            realm: k.realm.clone(),
+            idmap_domain: k.realm.to_ascii_lowercase(),
+            users: k.users.iter().map(|u| (u.name.clone(), u.uid, u.gid)).collect(),
+        }),
         nfs,
         health,
         upgrade: UpgradePlan {
@@ -453,7 +465,8 @@ fn export(r: &Recipe, e: &crate::recipe::Export) -> ExportPlan {
             // on first access), and nfsd serves what is mounted below an export only with
             // crossmnt; the datasets below an export are served with its options, as its
             // directory tree.
-            o.extend(["no_subtree_check", "crossmnt", "sec=sys"].map(String::from));
+            o.extend(["no_subtree_check", "crossmnt"].map(String::from));
+            o.push(format!("sec={}", e.security.iter().map(|f| f.as_str()).collect::<Vec<_>>().join(":")));
             ExportClientPlan { network: c.network.clone(), options: o }
         })
         .collect();

@@ -102,6 +102,7 @@ pub fn recipe(doc: &Document<'_>, r: &Recipe, board: &Board) -> Vec<Diagnostic> 
     snapshots(&mut c, r);
     replication(&mut c, r);
     nfs(&mut c, r);
+    kerberos(&mut c, r);
     liveness(&mut c, r);
     health(&mut c, r);
     upgrade(&mut c, r);

@@ -18,6 +18,24 @@ pub(super) fn check_crypt_hash(h: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A Kerberos realm as written by convention: capitals, digits, `.` and `-`.
+pub(super) fn is_realm(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 255
+        && b[0].is_ascii_uppercase()
+        && b.iter().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == b'.' || *c == b'-')
+}
+
+/// A login name: lowercase letters, digits, `_` and `-`, starting with a letter, at most 32.
+pub(super) fn is_login(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 32
+        && b[0].is_ascii_lowercase()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
+}
+
 pub(super) fn is_slug(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()

@@ -924,6 +924,26 @@ pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
                 "add a [fabric] section naming an RDMA-capable link, or set rdma = false".to_string(),
             );
         }
+        if e.security.is_empty() {
+            c.error(
+                &ep.key("security"),
+                format!("export of `{}` offers no security flavour, so no client could mount it", e.dataset),
+                "remove `security` for sec=sys, or name one, e.g. security = [\"krb5p\"]".to_string(),
+            );
+        }
+        c.unique(
+            "security flavour",
+            e.security.iter().enumerate().map(|(j, f)| (f.as_str(), ep.key("security").index(j))),
+        );
+        if let Some((j, f)) = e.security.iter().enumerate().find(|(_, f)| f.kerberos())
+            && r.kerberos.is_none()
+        {
+            c.error(
+                &ep.key("security").index(j),
+                format!("export of `{}` asks for {}, but the recipe names no Kerberos realm", e.dataset, f.as_str()),
+                "add [kerberos] with realm = \"EXAMPLE.COM\" (and the users whose files it holds)".to_string(),
+            );
+        }
         let tenant = r.tenant_of(&e.dataset);
         if let Some(t) = tenant {
             tenant_export(c, t, e, &ep);
@@ -985,6 +1005,39 @@ pub(super) fn nfs(c: &mut Checker<'_, '_>, r: &Recipe) {
                 }
             }
         }
+    }
+}
+
+/// `[kerberos]`: a realm in capitals, accounts that do not collide, and an export that uses it.
+pub(super) fn kerberos(c: &mut Checker<'_, '_>, r: &Recipe) {
+    let Some(k) = &r.kerberos else { return };
+    let p = Path::root().key("kerberos");
+    if !is_realm(&k.realm) {
+        c.error(
+            &p.key("realm"),
+            format!("invalid realm `{}`", k.realm),
+            format!("realms are written in capitals by convention, e.g. \"{}\"", k.realm.to_ascii_uppercase()),
+        );
+    }
+    let users = p.key("users");
+    c.unique("user", k.users.iter().enumerate().map(|(i, u)| (u.name.as_str(), users.index(i).key("name"))));
+    c.unique("uid", k.users.iter().enumerate().map(|(i, u)| (u.uid.to_string(), users.index(i).key("uid"))));
+    for (i, u) in k.users.iter().enumerate() {
+        c.name(
+            &users.index(i).key("name"),
+            "user name",
+            &u.name,
+            is_login,
+            "user names are lowercase letters, digits, `_` and `-`, starting with a letter (at most 32)",
+        );
+    }
+    let used = r.nfs.iter().flat_map(|n| n.exports.iter()).any(|e| e.security.iter().any(|f| f.kerberos()));
+    if !used {
+        c.warn(
+            &p.key("realm"),
+            "no export asks for Kerberos, so the realm is not used",
+            "add security = [\"krb5p\"] to the exports that need it".to_string(),
+        );
     }
 }
 
