@@ -397,13 +397,7 @@ pub(super) fn datasets(c: &mut Checker<'_, '_>, r: &Recipe) {
                 "each component holds letters, digits, `_` `-` `.` `:` and is not empty".to_string(),
             );
         }
-        if let Some(q) = &ds.quota {
-            size(c, &dp.key("quota"), q);
-        }
-        if let Some(q) = &ds.reservation {
-            size(c, &dp.key("reservation"), q);
-        }
-        properties(c, &dp.key("properties"), &ds.properties);
+        space(c, &dp, &ds.quota, &ds.reservation, &ds.properties);
         if let Some((j, t)) = r.tenants.iter().enumerate().find(|(_, t)| t.dataset == ds.name) {
             let line = c.line_of(&Path::root().key("tenants").index(j).key("dataset"));
             c.error(
@@ -416,6 +410,23 @@ pub(super) fn datasets(c: &mut Checker<'_, '_>, r: &Recipe) {
             );
         }
     }
+}
+
+/// A dataset's (or a tenant's) quota, reservation and properties.
+fn space(
+    c: &mut Checker<'_, '_>,
+    at: &Path,
+    quota: &Option<String>,
+    reservation: &Option<String>,
+    props: &BTreeMap<String, String>,
+) {
+    if let Some(q) = quota {
+        size(c, &at.key("quota"), q);
+    }
+    if let Some(q) = reservation {
+        size(c, &at.key("reservation"), q);
+    }
+    properties(c, &at.key("properties"), props);
 }
 
 fn pool_of(dataset: &str) -> &str {
@@ -469,13 +480,7 @@ pub(super) fn tenants(c: &mut Checker<'_, '_>, r: &Recipe) {
                 );
             }
         }
-        if let Some(q) = &t.quota {
-            size(c, &tp.key("quota"), q);
-        }
-        if let Some(q) = &t.reservation {
-            size(c, &tp.key("reservation"), q);
-        }
-        properties(c, &tp.key("properties"), &t.properties);
+        space(c, &tp, &t.quota, &t.reservation, &t.properties);
         if t.networks.is_empty() {
             c.error(
                 &tp.key("networks"),
