@@ -34,7 +34,7 @@ fn storage_starts_once_its_own_drivers_are_in() {
             "modules: virtio_net virtio_pci i6300esb vfat xhci_pci bays=false replay=false nice=0",
             "modules-storage: nvme zfs bays=true replay=false nice=0",
             "modules-net: rdma_rxe ib_uverbs rdma_ucm nf_tables nft_ct bays=false replay=false nice=10",
-            "modules-nfs: nfsd rpcrdma bays=false replay=false nice=10",
+            "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false nice=10",
         ]
     );
     assert_eq!(after(&p, "storage"), ["modules", "modules-storage"]);

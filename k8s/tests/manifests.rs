@@ -65,7 +65,9 @@ fn without_a_tenant_every_export_gets_volumes_and_an_unknown_tenant_is_named() {
     let all = manifests(&plan(), &Options { tenant: None, server: Some("192.0.2.7".into()), namespace: None })
         .expect("manifests");
     let pvs = items(&all, "PersistentVolume");
-    assert_eq!(pvs.len(), 8, "4 exports, RDMA and TCP each");
+    let exports = plan().nfs.expect("nfs").exports;
+    assert!(exports.iter().all(|e| e.rdma));
+    assert_eq!(pvs.len(), 2 * exports.len(), "every export, RDMA and TCP each");
     assert!(pvs.iter().all(|p| p["spec"]["csi"]["volumeAttributes"]["server"] == "192.0.2.7"));
     let e = manifests(&plan(), &Options { tenant: Some("visoin".into()), server: None, namespace: None })
         .expect_err("unknown tenant");
