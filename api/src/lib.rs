@@ -96,7 +96,8 @@ pub struct ServiceInfo {
     pub state: String,
     /// Main process id, 0 when none runs.
     pub pid: u32,
-    /// Restarts after the first start.
+    /// Restarts after the first start that nobody asked for (exits, failed starts); an
+    /// operator's `nasctl start` or `restart` is not one.
     pub restarts: u32,
     /// When the service entered its current state.
     pub since_ms: i64,

@@ -119,6 +119,9 @@ pub struct Svc {
     pub state: State,
     pub wanted: bool,
     restart_requested: bool,
+    /// The next start is an operator's (`nasctl start`/`restart`): not counted in `restarts`,
+    /// which health reads as a sign of trouble.
+    asked: bool,
     /// Its main process runs.
     pub running: bool,
     pub helper: Option<Helper>,
@@ -169,6 +172,7 @@ impl Core {
                 state: State::Waiting,
                 wanted: true,
                 restart_requested: false,
+                asked: false,
                 running: false,
                 helper: None,
                 generation: 0,
@@ -278,9 +282,10 @@ impl Core {
 
     fn start(&mut self, i: usize, now: Instant) {
         let s = &mut self.services[i];
-        if s.first_start.is_some() {
+        if s.first_start.is_some() && !s.asked {
             s.restarts += 1;
         }
+        s.asked = false;
         s.first_start.get_or_insert(now);
         s.recent_starts.push_back(now);
         s.generation += 1;
@@ -642,6 +647,7 @@ impl Core {
         }
         if self.services[i].restart_requested && self.shutdown.is_none() {
             self.services[i].restart_requested = false;
+            self.services[i].asked = true;
             self.services[i].failures_in_row = 0;
             self.services[i].recent_starts.clear();
             self.set_state(i, State::Waiting, "", now);
@@ -665,6 +671,7 @@ impl Core {
         self.refuse_during_shutdown()?;
         self.services[i].wanted = true;
         if self.services[i].state.is_down() {
+            self.services[i].asked = true;
             self.services[i].failures_in_row = 0;
             self.services[i].recent_starts.clear();
             self.set_state(i, State::Waiting, "", now);
@@ -696,6 +703,7 @@ impl Core {
             }
             State::Stopping => self.services[i].restart_requested = true,
             _ => {
+                self.services[i].asked = true;
                 self.services[i].failures_in_row = 0;
                 self.services[i].recent_starts.clear();
                 self.services[i].deadline = None;

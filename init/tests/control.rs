@@ -76,7 +76,7 @@ fn every_call_round_trips() {
 
     n.rt.block_on(c.restart("web")).expect("restart");
     let web2 = n.wait_for("web", T, |s| s.state == "running" && s.pid != web.pid);
-    assert_eq!(web2.restarts, 1);
+    assert_eq!(web2.restarts, 0, "an operator's restart is not trouble for health to count");
     n.rt.block_on(c.stop("web")).expect("stop");
     n.wait_for("web", T, |s| s.state == "stopped");
     n.rt.block_on(c.start("web")).expect("start");

@@ -351,9 +351,9 @@ proptest! {
 
 /// A service that fails at once, forever, with no backoff, does not keep an unrelated service
 /// from starting and becoming ready; it ends up failed by its start limit.
-#[test]
-fn a_crash_loop_does_not_starve_the_others() {
-    let crash = Svc {
+/// A service started at once, ready when started, always restarted.
+fn plain() -> Svc {
+    Svc {
         after: vec![],
         readiness: 0,
         restart: 0,
@@ -364,7 +364,12 @@ fn a_crash_loop_does_not_starve_the_others() {
         start_timeout_ms: None,
         stubborn: false,
         unkillable: false,
-    };
+    }
+}
+
+#[test]
+fn a_crash_loop_does_not_starve_the_others() {
+    let crash = plain();
     let mut other = crash.clone();
     other.readiness = 2;
     let mut w = world(vec![crash, other], vec![true, false, true, true, true]);
@@ -452,4 +457,29 @@ fn the_boot_deadline_is_missed_once() {
     assert!(w.core.take_actions().contains(&Action::BecameReady));
     w.advance(30_000);
     assert!(!w.core.take_actions().contains(&Action::MissedReadyDeadline));
+}
+
+/// `restarts` is what health reads as trouble: a crash counts, an operator's restart does not.
+#[test]
+fn an_operators_restart_is_not_counted_as_a_restart() {
+    let one = plain();
+    let mut w = world(vec![one], vec![]);
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    assert_eq!((w.core.services[0].state, w.core.services[0].restarts), (State::Running, 0));
+    w.step(&Op::Restart(0));
+    w.drain().expect("invariants");
+    w.step(&Op::Reap);
+    w.drain().expect("invariants");
+    assert_eq!((w.core.services[0].state, w.core.services[0].restarts), (State::Running, 0), "asked for");
+    w.step(&Op::Exit(0, false));
+    w.drain().expect("invariants");
+    assert_eq!((w.core.services[0].state, w.core.services[0].restarts), (State::Running, 1), "a crash");
+    w.step(&Op::Stop(0));
+    w.drain().expect("invariants");
+    w.step(&Op::Reap);
+    w.drain().expect("invariants");
+    w.step(&Op::Start(0));
+    w.drain().expect("invariants");
+    assert_eq!((w.core.services[0].state, w.core.services[0].restarts), (State::Running, 1), "stopped and started");
 }
