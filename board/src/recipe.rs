@@ -812,6 +812,11 @@ pub struct Health {
     #[serde(default = "default_capacity")]
     #[schemars(range(min = 50, max = 99))]
     pub pool_capacity_warn_percent: u32,
+    /// Warn when a tenant has used this much of its quota, in percent (its writes fail with
+    /// "Disk quota exceeded" at 100%).
+    #[serde(default = "default_tenant_quota")]
+    #[schemars(range(min = 50, max = 99))]
+    pub tenant_quota_warn_percent: u32,
     /// How often health checks run, in seconds (ZFS events and pulled drives are seen at once).
     #[serde(default = "default_interval")]
     #[schemars(range(min = 1, max = 3600))]
@@ -860,6 +865,7 @@ impl Default for Health {
             watchdog_timeout_seconds: default_watchdog(),
             nvme_temperature_warn_celsius: default_temp(),
             pool_capacity_warn_percent: default_capacity(),
+            tenant_quota_warn_percent: default_tenant_quota(),
             check_interval_seconds: default_interval(),
             nvme_spare_warn_percent: default_spare(),
             nvme_wear_warn_percent: default_wear(),
@@ -871,6 +877,9 @@ impl Default for Health {
     }
 }
 
+fn default_tenant_quota() -> u32 {
+    90
+}
 fn default_spare() -> u32 {
     10
 }

@@ -29,6 +29,24 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// A size as `zfs list` prints it: three significant figures and a binary unit ("1.31M",
+/// "47.0G", "192K", "512B"), for any byte count.
+pub fn human_size(bytes: u64) -> String {
+    let units = ["B", "K", "M", "G", "T", "P"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    match (u, v) {
+        (0, _) => format!("{bytes}B"),
+        (_, v) if v < 10.0 => format!("{v:.2}{}", units[u]),
+        (_, v) if v < 100.0 => format!("{v:.1}{}", units[u]),
+        _ => format!("{v:.0}{}", units[u]),
+    }
+}
+
 /// Parses a duration: a whole number with one unit, `s`, `m` (minutes), `h`, `d` or `w`
 /// ("14d", "90s"). Returns seconds, or `None` if the text is not a duration or overflows.
 pub fn parse_duration(s: &str) -> Option<u64> {

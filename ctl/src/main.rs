@@ -725,20 +725,7 @@ fn print_services(list: &[ServiceInfo]) {
 /// Bytes as `zfs list` prints them: 1024-based, three significant digits, the largest unit
 /// that fits (`512B`, `1.31M`, `47.0G`, `192K`).
 fn gib(bytes: Option<u64>) -> String {
-    let Some(b) = bytes else { return "-".into() };
-    let units = ["B", "K", "M", "G", "T", "P"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    match (u, v) {
-        (0, _) => format!("{b}B"),
-        (_, v) if v < 10.0 => format!("{v:.2}{}", units[u]),
-        (_, v) if v < 100.0 => format!("{v:.1}{}", units[u]),
-        _ => format!("{v:.0}{}", units[u]),
-    }
+    bytes.map_or_else(|| "-".into(), nasos_board::units::human_size)
 }
 
 fn show_pools(json: bool) -> anyhow::Result<()> {

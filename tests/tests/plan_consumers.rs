@@ -141,6 +141,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("health.watchdog_timeout_seconds", "init/src/bin/nasinit.rs", "plan.health.watchdog_timeout_seconds"),
     ("health.nvme_temperature_warn_celsius", "services/src/health/checks.rs", "h.nvme_temperature_warn_celsius"),
     ("health.pool_capacity_warn_percent", "services/src/health/checks.rs", "h.pool_capacity_warn_percent"),
+    ("health.tenant_quota_warn_percent", "services/src/health/checks.rs", "h.tenant_quota_warn_percent"),
     ("health.nvme_spare_warn_percent", "services/src/health/checks.rs", "h.nvme_spare_warn_percent"),
     ("health.nvme_wear_warn_percent", "services/src/health/checks.rs", "h.nvme_wear_warn_percent"),
     ("health.cpu_temperature_warn_celsius", "services/src/health/checks.rs", "h.cpu_temperature_warn_celsius"),

@@ -223,12 +223,13 @@ impl fmt::Display for Plan {
         )?;
         writeln!(
             f,
-            "  warn at NVMe {}°C, spare under {}%, wear {}%; CPU {}°C; pool {}% full; checks every {}s",
+            "  warn at NVMe {}°C, spare under {}%, wear {}%; CPU {}°C; pool {}% full; tenant {}% of quota; checks every {}s",
             h.nvme_temperature_warn_celsius,
             h.nvme_spare_warn_percent,
             h.nvme_wear_warn_percent,
             h.cpu_temperature_warn_celsius,
             h.pool_capacity_warn_percent,
+            h.tenant_quota_warn_percent,
             h.check_interval_seconds
         )?;
         writeln!(

@@ -320,6 +320,7 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
             watchdog_timeout_seconds: r.health.watchdog_timeout_seconds,
             nvme_temperature_warn_celsius: r.health.nvme_temperature_warn_celsius,
             pool_capacity_warn_percent: r.health.pool_capacity_warn_percent,
+            tenant_quota_warn_percent: r.health.tenant_quota_warn_percent,
             check_interval_seconds: r.health.check_interval_seconds,
             nvme_spare_warn_percent: r.health.nvme_spare_warn_percent,
             nvme_wear_warn_percent: r.health.nvme_wear_warn_percent,

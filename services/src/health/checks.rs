@@ -63,6 +63,7 @@ pub struct Limits {
     pub wear_percent: u32,
     pub cpu_celsius: u32,
     pub capacity_percent: u32,
+    pub tenant_quota_percent: u32,
 }
 
 impl From<&HealthPlan> for Limits {
@@ -73,6 +74,7 @@ impl From<&HealthPlan> for Limits {
             wear_percent: h.nvme_wear_warn_percent,
             cpu_celsius: h.cpu_temperature_warn_celsius,
             capacity_percent: h.pool_capacity_warn_percent,
+            tenant_quota_percent: h.tenant_quota_warn_percent,
         }
     }
 }
@@ -213,6 +215,25 @@ pub fn evaluate(
                 );
             }
         }
+    }
+
+    // A tenant near its quota is about to see its writes fail while the pool has room: the
+    // operator hears of it before the team does.
+    for t in &now.tenants {
+        let (Some(pct), Some(used), Some(quota)) = (t.percent(), t.used, t.quota) else { continue };
+        let near = pct >= f64::from(limits.tenant_quota_percent);
+        put(
+            format!("tenant.{}.quota", t.name),
+            if near { Warning } else { Ok },
+            format!(
+                "tenant {}: {pct:.0}% of its quota used ({} of {} on {}; warn at {}%)",
+                t.name,
+                nasos_board::units::human_size(used),
+                nasos_board::units::human_size(quota),
+                t.dataset,
+                limits.tenant_quota_percent
+            ),
+        );
     }
 
     for l in &now.links {
@@ -415,7 +436,14 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits { nvme_celsius: 70, spare_percent: 10, wear_percent: 90, cpu_celsius: 90, capacity_percent: 80 }
+        Limits {
+            nvme_celsius: 70,
+            spare_percent: 10,
+            wear_percent: 90,
+            cpu_celsius: 90,
+            capacity_percent: 80,
+            tenant_quota_percent: 90,
+        }
     }
 
     fn smart(cw: u8, kelvin: u16) -> SmartLog {
@@ -632,5 +660,40 @@ mod tests {
             (*s, m),
             (Severity::Warning, "replication tank/train → dr: nothing sent in 10m; last error: unreachable")
         );
+    }
+
+    #[test]
+    fn a_tenant_near_its_quota_is_a_warning_and_one_without_a_quota_is_not_checked() {
+        let tenant = |name: &str, used: u64, quota: Option<u64>| crate::inspect::TenantView {
+            name: name.into(),
+            dataset: format!("tank/teams/{name}"),
+            networks: vec![],
+            used: Some(used),
+            quota,
+            available: None,
+            reservation: None,
+            exports: vec![],
+            squash: "root".into(),
+        };
+        let mut o = obs();
+        o.tenants = vec![
+            tenant("vision", 60 << 20, Some(64 << 20)),
+            tenant("speech", 10 << 20, Some(256 << 20)),
+            tenant("free", 1 << 30, None),
+        ];
+        let checks = evaluate(&limits(), &[], &o, None);
+        let (s, m) = sev(&checks, "tenant.vision.quota").expect("vision is checked");
+        assert_eq!(*s, Severity::Warning);
+        assert_eq!(m, "tenant vision: 94% of its quota used (60.0M of 64.0M on tank/teams/vision; warn at 90%)");
+        assert_eq!(sev(&checks, "tenant.speech.quota").map(|x| *x.0), Some(Severity::Ok));
+        assert!(sev(&checks, "tenant.free.quota").is_none(), "no quota, nothing to warn of");
+        // Exactly at the threshold warns; just under does not.
+        o.tenants = vec![tenant("vision", 90, Some(100))];
+        assert_eq!(
+            sev(&evaluate(&limits(), &[], &o, None), "tenant.vision.quota").map(|x| *x.0),
+            Some(Severity::Warning)
+        );
+        o.tenants = vec![tenant("vision", 89, Some(100))];
+        assert_eq!(sev(&evaluate(&limits(), &[], &o, None), "tenant.vision.quota").map(|x| *x.0), Some(Severity::Ok));
     }
 }
