@@ -92,6 +92,13 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
         write(tree, "/etc/krb5.conf", k.krb5_conf().as_bytes(), 0o644)?;
         write(tree, "/etc/idmapd.conf", k.idmapd_conf().as_bytes(), 0o644)?;
         add_accounts(tree, &k.users)?;
+        // mountd offers the krb5 flavours on the NFSv4 pseudo-root only when /etc/krb5.keytab
+        // exists (nfs-utils 2.6.3+); without them a krb5p client's walk from the root is
+        // refused (mount: "Operation not permitted"). The link resolves once a keytab is joined
+        // onto the state partition, so until then the pseudo-root offers sys only, as it should.
+        let keytab = tree.join("etc/krb5.keytab");
+        let _ = std::fs::remove_file(&keytab);
+        std::os::unix::fs::symlink(format!("{}/{}", nasos_layout::state::MOUNT, nasos_layout::state::KEYTAB), &keytab)?;
     }
     // The kernel looks for /sbin/init; the initramfs execs nasinit directly, but a rescue boot
     // with init= pointing at the usual place should land in nasinit too.

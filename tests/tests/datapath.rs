@@ -4,7 +4,9 @@
 //! refused an export whose networks leave it out, mounts the training export over RDMA
 //! (soft-RoCE) and over TCP, writes, drops its caches, reads back and compares sha256;
 //! root_squash holds. Two tenants see only their own exports, one quota stops only its tenant,
-//! and the PV `nasos k8s` prints mounts as printed.
+//! and the PV `nasos k8s` prints mounts as printed; a krb5p export (KDC on the client) serves
+//! a user with a ticket as themselves and nobody else, over RDMA and TCP, after a reboot and
+//! after an upgrade, without joining again.
 //! nfsd restarted by hand gets its RDMA listener back. The appliance reboots,
 //! then loses power with the client mounted: each time the pool is imported, not recreated, and
 //! the client finds its data again.
@@ -28,6 +30,9 @@ static BUNDLE: Shared<std::path::PathBuf> = Shared::new("build::a_signed_0_2_0_b
 /// A scratch snapshot the policy holds, with the time its hold ends.
 static HELD: Shared<(String, u64)> =
     Shared::new("snapshots::a_held_snapshot_cannot_be_destroyed_or_released_before_its_time");
+/// The sha256 of the file alice wrote through the krb5p export.
+static ALICE: Shared<String> =
+    Shared::new("kerberos::a_krb5p_export_over_rdma_serves_a_user_with_a_ticket_as_themselves_only");
 /// (file name, sha256) of what the client wrote.
 static WRITTEN: Shared<Vec<(String, String)>> = Shared::new("nfs::rdma_and_tcp_round_trip_with_root_squash");
 
@@ -46,6 +51,7 @@ fn main() -> ExitCode {
     s.check("firewall::only_the_ports_the_plan_serves_answer", firewall);
     s.check("nfs::an_export_refuses_a_client_outside_its_networks", refused_client);
     s.check("tenants::each_tenant_mounts_and_sees_only_its_own_export_and_a_full_quota_stops_one", tenants);
+    s.check("kerberos::a_krb5p_export_over_rdma_serves_a_user_with_a_ticket_as_themselves_only", kerberos);
     s.check("nfs::rdma_and_tcp_round_trip_with_root_squash", round_trip);
     s.check("nfs::a_restarted_nfsd_gets_its_rdma_listener_back", nfsd_restart);
     s.check("nfs::an_unmounted_dataset_is_not_exported", unmounted_not_exported);
@@ -55,10 +61,15 @@ fn main() -> ExitCode {
     s.check("snapshots::a_held_snapshot_cannot_be_destroyed_or_released_before_its_time", held_snapshot);
     s.check("snapshots::manual_snapshots_and_a_confirmed_rollback", manual_and_rollback);
     s.check("lifecycle::a_reboot_imports_the_pool_and_the_data_is_there", reboot);
+    s.check(
+        "kerberos::after_a_reboot_the_krb5p_export_serves_over_rdma_and_tcp_without_joining_again",
+        kerberos_after_reboot,
+    );
     s.check("lifecycle::a_power_cut_with_the_client_mounted_loses_nothing", power_cut);
     s.check("upgrade::a_bundle_served_over_http_by_the_client_is_applied", http_apply);
     s.check("lifecycle::ctrl_alt_del_is_an_orderly_reboot", ctrl_alt_del);
     s.check("upgrade::the_box_runs_0_2_0_blessed_with_its_pool_identity_and_exports", upgraded);
+    s.check("kerberos::after_the_upgrade_the_keytab_is_still_joined", kerberos_after_upgrade);
     // Minutes after the client wrote its files, with reboots between: a frequent snapshot has them.
     s.check("snapshots::a_file_the_client_deleted_is_read_back_from_zfs_snapshot_over_rdma", restore_from_snapshot);
     s.check("health::a_pulled_bay_is_named_within_10s_on_every_channel", pulled_bay);
@@ -350,8 +361,164 @@ fn tenants() {
             Duration::from_secs(60),
         );
         assert!(metrics.contains("67108864"), "{metrics}");
-        // Room for the checks after this one.
+        // Health warns of the tenant at its quota, before its team hears of it.
+        let h = poll(nas, "nasctl health", "tenant vision: ", Duration::from_secs(60));
+        assert!(
+            h.lines().any(|l| l.trim_start().starts_with("WARNING")
+                && l.contains("tenant vision: ")
+                && l.contains("of its quota used")),
+            "{h}"
+        );
+        // Room for the checks after this one; the warning then ends.
         ok(nas, "rm /export/tank/teams/vision/work/fill");
+        let h = poll_until(nas, "nasctl health", |h| !h.contains("tenant vision: "), Duration::from_secs(60));
+        assert!(!h.contains("tenant vision: "), "{h}");
+    });
+}
+
+/// The realm's KDC on the client, as an administrator sets one up with Debian's krb5-kdc.
+const KDC_SETUP: &str = r#"set -e
+cat > /etc/krb5.conf <<'EOF'
+[libdefaults]
+	default_realm = NASOS.TEST
+	dns_lookup_kdc = false
+	dns_lookup_realm = false
+	dns_canonicalize_hostname = false
+	rdns = false
+[realms]
+	NASOS.TEST = {
+		kdc = 127.0.0.1
+		admin_server = 127.0.0.1
+	}
+[domain_realm]
+	.nasos.test = NASOS.TEST
+EOF
+mkdir -p /etc/krb5kdc /var/lib/krb5kdc
+cat > /etc/krb5kdc/kdc.conf <<'EOF'
+[realms]
+	NASOS.TEST = {
+		database_name = /var/lib/krb5kdc/principal
+		key_stash_file = /etc/krb5kdc/stash
+	}
+EOF
+echo '10.77.0.1 nasos-dev.nasos.test' >> /etc/hosts
+kdb5_util create -s -r NASOS.TEST -P master-password-of-the-test-realm >/dev/null
+krb5kdc
+for p in nfs/nasos-dev.nasos.test root alice; do kadmin.local -q "addprinc -randkey $p" >/dev/null; done
+kadmin.local -q 'ktadd -k /tmp/box.keytab nfs/nasos-dev.nasos.test' >/dev/null
+kadmin.local -q 'ktadd -k /tmp/root.keytab root' >/dev/null
+kadmin.local -q 'ktadd -k /tmp/alice.keytab alice' >/dev/null
+id alice >/dev/null 2>&1 || useradd -M -u 1001 alice
+id bob >/dev/null 2>&1 || useradd -M -u 1002 bob
+chown alice /tmp/alice.keytab
+kinit -k -t /tmp/root.keytab root
+mountpoint -q /run/rpc_pipefs || { mkdir -p /run/rpc_pipefs; mount -t rpc_pipefs sunrpc /run/rpc_pipefs; }
+rpc.gssd -n
+echo kdc-ready"#;
+
+const KRB5P_RDMA: &str = "vers=4.2,proto=rdma,port=20049,sec=krb5p";
+const KRB5P_TCP: &str = "vers=4.2,proto=tcp,sec=krb5p";
+const AS_ALICE: &str = "setpriv --reuid=1001 --regid=1001 --clear-groups";
+
+/// Mounts the krb5p export at /tmp/mnt-krb with `opts` (retrying while nfsd is in its grace
+/// period) and checks the transport it rides.
+fn mount_krb5p(gpu: &mut nasos_qemu::Vm, opts: &str) {
+    let proto = if opts.contains("proto=rdma") { "proto=rdma" } else { "proto=tcp" };
+    let mounted = poll_until(
+        gpu,
+        &format!(
+            "mountpoint -q /tmp/mnt-krb || mount -t nfs -o {opts} nasos-dev.nasos.test:/export/tank/secure /tmp/mnt-krb; grep ' /tmp/mnt-krb ' /proc/mounts; true"
+        ),
+        |o| o.contains("sec=krb5p"),
+        Duration::from_secs(180),
+    );
+    assert!(mounted.contains(proto) && mounted.contains("sec=krb5p"), "{mounted}");
+}
+
+/// A KDC on the client (Debian's krb5-kdc), the box's keytab joined once with `nasctl kerberos
+/// join`. The krb5p export mounts over RDMA; alice, with a ticket, writes a file that is hers
+/// (uid 1001) on the box; bob, without one, is refused; a sec=sys mount is refused.
+fn kerberos() {
+    let sum = PAIR.with(|Pair { nas, gpu, .. }| {
+        // As a file, not typed into the console: an interactive shell takes a heredoc's tabs
+        // for completion, and `set -e` would end the login shell.
+        ok(gpu, "rm -f /tmp/kdc.sh");
+        for chunk in KDC_SETUP.as_bytes().chunks(100) {
+            let escaped: String = chunk.iter().map(|b| format!("\\x{b:02x}")).collect();
+            ok(gpu, &format!("printf '{escaped}' >> /tmp/kdc.sh"));
+        }
+        let setup = ok(gpu, "bash /tmp/kdc.sh 2>&1");
+        assert!(setup.contains("kdc-ready"), "{setup}");
+        // Before the join the box says what is missing.
+        let before = ok(nas, "nasctl kerberos");
+        assert!(before.contains("realm      NASOS.TEST") && before.contains("none yet"), "{before}");
+        // The keytab travels as an operator's would: copied onto the box, then joined.
+        // One line, and a newline after it: the console's framing needs the line ended.
+        let keytab = ok(gpu, "base64 -w0 /tmp/box.keytab; echo");
+        let keytab = keytab.split_whitespace().find(|w| w.len() > 40).expect("the keytab in base64");
+        ok(nas, &format!("echo {keytab} | base64 -d > /tmp/box.keytab"));
+        let joined = ok(nas, "nasctl kerberos join /tmp/box.keytab");
+        assert!(joined.contains("NFS accepts tickets for nfs/nasos-dev.nasos.test@NASOS.TEST"), "{joined}");
+        poll(nas, "nasctl logs nfs", "kerberos: accepting tickets for nfs/nasos-dev.nasos.test@NASOS.TEST", Duration::from_secs(120));
+        let shown = json(&ok(nas, "nasctl kerberos --json"));
+        assert_eq!(shown["principal"], "nfs/nasos-dev.nasos.test@NASOS.TEST", "{shown}");
+        ok(nas, "install -d -o 1001 -g 1001 /export/tank/secure/alice");
+
+        // sys is not offered: a client without Kerberos is refused.
+        let (out, code) = gpu
+            .run(
+                "mkdir -p /tmp/mnt-krb && mount -t nfs -o vers=4.2,proto=rdma,port=20049,sec=sys,soft,retrans=2 nasos-dev.nasos.test:/export/tank/secure /tmp/mnt-krb",
+                Duration::from_secs(300),
+            )
+            .expect("sys mount attempt");
+        assert_ne!(code, 0, "a sec=sys mount of a krb5p export: {out}");
+        mount_krb5p(gpu, KRB5P_RDMA);
+        let wrote = ok(
+            gpu,
+            &format!("{AS_ALICE} sh -c 'kinit -k -t /tmp/alice.keytab alice && dd if=/dev/urandom of=/tmp/mnt-krb/alice/data bs=1M count=4 status=none && sha256sum < /tmp/mnt-krb/alice/data'"),
+        );
+        let sum = digest(&wrote);
+        assert_eq!(ok(nas, "stat -c %u:%g /export/tank/secure/alice/data").trim(), "1001:1001", "alice's file is hers");
+        assert_eq!(digest(&ok(nas, "sha256sum < /export/tank/secure/alice/data")), sum);
+        // bob has no ticket: nothing of the export is his to see.
+        let (out, code) = gpu
+            .run("setpriv --reuid=1002 --regid=1002 --clear-groups ls /tmp/mnt-krb/alice", Duration::from_secs(120))
+            .expect("bob");
+        assert_ne!(code, 0, "bob read the krb5p export without a ticket: {out}");
+        ok(gpu, "umount /tmp/mnt-krb");
+        sum
+    });
+    ALICE.set(sum);
+}
+
+/// Alice reads her file through a krb5p mount over `opts`, as herself.
+fn alice_reads(gpu: &mut nasos_qemu::Vm, opts: &str, sum: &str, when: &str) {
+    mount_krb5p(gpu, opts);
+    let read = ok(gpu, &format!("{AS_ALICE} sh -c 'sha256sum < /tmp/mnt-krb/alice/data'"));
+    assert_eq!(digest(&read), sum, "alice's file {when} over {opts}");
+    ok(gpu, "umount /tmp/mnt-krb");
+}
+
+/// The keytab is on the state partition: after the reboot the box accepts tickets again
+/// without a join, and alice reads her file over RDMA and over TCP.
+fn kerberos_after_reboot() {
+    let sum = ALICE.get();
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        let log = poll(nas, "nasctl logs nfs", "kerberos: accepting tickets", Duration::from_secs(60));
+        assert!(log.contains("nfs/nasos-dev.nasos.test@NASOS.TEST"), "{log}");
+        alice_reads(gpu, KRB5P_RDMA, &sum, "after the reboot");
+        alice_reads(gpu, KRB5P_TCP, &sum, "after the reboot");
+    });
+}
+
+/// The upgrade replaced the root filesystem, not the state partition: 0.2.0 serves the krb5p
+/// export with the keytab joined under 0.1.0.
+fn kerberos_after_upgrade() {
+    let sum = ALICE.get();
+    PAIR.with(|Pair { nas, gpu, .. }| {
+        let shown = json(&ok(nas, "nasctl kerberos --json"));
+        assert_eq!(shown["principal"], "nfs/nasos-dev.nasos.test@NASOS.TEST", "{shown}");
+        alice_reads(gpu, KRB5P_RDMA, &sum, "after the upgrade");
     });
 }
 
