@@ -23,6 +23,40 @@ use crate::{plan, run as tool, say, unix_now};
 /// Rounds start this long after the minute: after the snapshot policies' rounds.
 const AFTER_MINUTE: u64 = 8;
 
+/// A failed round is tried again this long after it failed, doubling each time (a link that
+/// blinked should not cost a whole interval of lag), never later than its next scheduled round.
+const FIRST_RETRY_SECONDS: u64 = 10;
+
+/// When a job's next round is due: its next interval, or sooner after failures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Schedule {
+    /// The start of its last round, seconds since the epoch.
+    last: Option<u64>,
+    /// Failed rounds in a row.
+    failures: u32,
+}
+
+impl Schedule {
+    /// Whether a round is due at `now` for a job run every `period` seconds.
+    fn due(&self, now: u64, period: u64) -> bool {
+        match self.last {
+            None => true,
+            Some(t) => t / period != now / period || self.retry_at().is_some_and(|r| now >= r),
+        }
+    }
+
+    /// When a failed round is tried again (none after a success).
+    fn retry_at(&self) -> Option<u64> {
+        let t = self.last?;
+        (self.failures > 0).then(|| t + FIRST_RETRY_SECONDS.saturating_mul(1 << (self.failures - 1).min(10)))
+    }
+
+    fn ran(&mut self, at: u64, ok: bool) {
+        self.last = Some(at);
+        self.failures = if ok { 0 } else { self.failures.saturating_add(1) };
+    }
+}
+
 pub fn run() -> anyhow::Result<()> {
     // SIGUSR1 (`nasctl replication send`) starts a round of every job at once; taken first,
     // before anything starts a thread.
@@ -45,16 +79,15 @@ pub fn run() -> anyhow::Result<()> {
         ));
     }
     let st = State::mounted();
-    let mut last: Vec<Option<u64>> = vec![None; r.jobs.len()];
+    let mut schedules = vec![Schedule::default(); r.jobs.len()];
     let mut asked = false;
     loop {
         let now = unix_now();
         for (i, job) in r.jobs.iter().enumerate() {
             let period = u64::from(job.every_minutes.max(1)) * 60;
-            if !asked && last[i].is_some_and(|t| t / period == now / period) {
+            if !asked && !schedules[i].due(now, period) {
                 continue;
             }
-            last[i] = Some(now);
             let Some(peer) = r.peers.iter().find(|p| p.name == job.peer) else { continue };
             let ssh = Ssh { key: key.clone(), known: known.clone(), address: peer.address.clone() };
             let mut s = state::read(&st, &job.dataset, &job.peer).unwrap_or_else(|| JobState {
@@ -67,14 +100,17 @@ pub fn run() -> anyhow::Result<()> {
             if s.first_attempt == 0 {
                 s.first_attempt = now;
             }
-            match round(job, peer, &ssh, &mut s) {
+            let result = round(job, peer, &ssh, &mut s);
+            schedules[i].ran(now, result.is_ok());
+            match result {
                 Ok(()) => {
                     s.last_success = unix_now();
                     s.last_error = None;
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
-                    say(format!("{} → {}: {msg}; trying again next round", job.dataset, job.peer));
+                    let when = schedules[i].retry_at().map_or(0, |r| r.saturating_sub(now).min(period));
+                    say(format!("{} → {}: {msg}; trying again in {when}s", job.dataset, job.peer));
                     s.last_error = Some(msg);
                 }
             }
@@ -83,7 +119,8 @@ pub fn run() -> anyhow::Result<()> {
             }
         }
         asked = false;
-        let next = (unix_now() / 60 + 1) * 60 + AFTER_MINUTE;
+        let retry = schedules.iter().filter_map(Schedule::retry_at).min();
+        let next = ((unix_now() / 60 + 1) * 60 + AFTER_MINUTE).min(retry.unwrap_or(u64::MAX));
         let wait = Duration::from_secs(next.saturating_sub(unix_now()).clamp(1, 62));
         if let Ok(Some(Sig::SIGUSR1)) = signals.wait(wait) {
             say("a round was asked for (nasctl replication send)");
@@ -296,4 +333,32 @@ fn pipe(args: &[&str], ssh: &Ssh, target: &str, limit: Option<u64>) -> anyhow::R
     }
     copied.with_context(|| format!("the send stopped after {}", mib(moved)))?;
     Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_runs_once_per_interval_and_a_failed_round_is_retried_sooner_then_less_often() {
+        let period = 300;
+        let mut s = Schedule::default();
+        assert!(s.due(1_000, period), "never ran");
+        s.ran(1_208, true);
+        assert!(!s.due(1_250, period) && !s.due(1_499, period), "ran in this interval");
+        assert!(s.due(1_500, period), "the next interval");
+        s.ran(1_508, false);
+        assert_eq!(s.retry_at(), Some(1_518));
+        assert!(!s.due(1_517, period) && s.due(1_518, period));
+        s.ran(1_518, false);
+        s.ran(1_538, false);
+        assert_eq!(s.retry_at(), Some(1_538 + 40), "10 s, 20 s, 40 s…");
+        for t in (1_600..2_000).step_by(10) {
+            s.ran(t, false);
+        }
+        assert!(s.retry_at().is_some_and(|r| r > 2_000 + period), "backs off past the interval");
+        assert!(s.due(2_100, period), "but the next interval still runs it");
+        s.ran(2_108, true);
+        assert_eq!(s.retry_at(), None);
+    }
 }
