@@ -201,7 +201,7 @@ fn cached_rootfs_of_the_lock(cache: &Path) -> Vec<PathBuf> {
 /// the root tree unpacked, indexed and packed inside a user namespace. The user starts from a
 /// cache holding only the downloaded packages and the ZFS module (compiling ZFS again would
 /// double the suite), so its rootfs, root, UKI and disk stages all run, and its disk must be
-/// root's, byte for byte. A user without
+/// root's, byte for byte; the user then boots it with `nasos qemu` to ready. A user without
 /// subordinate ids is told in one line what to change, and nothing is written.
 fn rootless_build() {
     if nix::unistd::geteuid().as_raw() != 0 {
@@ -296,7 +296,8 @@ fn rootless_build() {
     assert!(said.contains("usermod --add-subuids") && said.contains("nasos-no-subids"), "{said}");
     assert!(!refused_out.join("disk.img").exists(), "a disk was written");
 
-    let out = work.join("out");
+    // Where `nasos qemu` looks for it, so the boot below finds it built.
+    let out = work.join("build/qemu-dev");
     let (ok, err, took) = build_as(builder, &out);
     assert!(ok, "the build as a normal user failed:\n{err}");
     for stage in ["rootfs", "root", "uki", "disk"] {
@@ -307,6 +308,42 @@ fn rootless_build() {
     // host ids, which the root stage removes.)
     assert_eq!(sha256(&out.join("disk.img")), sha256(&image.join("disk.img")), "the user's image differs from root's");
     eprintln!("build as nasos-build-test (uid {}), no root: {:.1}s, the same disk.img", builder.0, took.as_secs_f64());
+
+    // And the same user boots it: `nasos qemu` (TCG, OVMF, blank bays in its own folder) needs no
+    // root either.
+    let (sock, qmp) = (work.join("console.sock"), work.join("qmp.sock"));
+    let log = std::fs::File::create(work.join("nasos-qemu.log")).expect("log");
+    let t = Instant::now();
+    let qemu = {
+        use std::os::unix::process::CommandExt;
+        Command::new(bin.join("nasos"))
+            .args(["qemu", "recipes/qemu-dev.toml", "--headless", "--cpus", "2", "--serial"])
+            .arg(&sock)
+            .arg("--qmp")
+            .arg(&qmp)
+            .current_dir(&work)
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("HOME", &work)
+            .env("NASOS_CACHE", &cache)
+            .uid(builder.0)
+            .gid(builder.1)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("nasos qemu as a user")
+    };
+    let mut vm = Vm::attach(&sock, &work.join("console.log"), Some(qmp), Some(qemu), Duration::from_secs(300))
+        .unwrap_or_else(|e| {
+            panic!("{e:#}: {}", std::fs::read_to_string(work.join("nasos-qemu.log")).unwrap_or_default())
+        });
+    vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("the user's VM reaches ready");
+    eprintln!("nasos qemu as nasos-build-test: ready {:.1}s after the command", t.elapsed().as_secs_f64());
+    let log = std::fs::read_to_string(work.join("nasos-qemu.log")).unwrap_or_default();
+    assert!(log.contains("nasos: disk       up to date"), "nasos qemu built again what the user had built:\n{log}");
+    let _ = vm.qmp("quit", serde_json::json!({}));
+    assert!(vm.wait_exit(Duration::from_secs(60)).is_ok(), "nasos qemu did not end with its VM");
+    vm.kill();
     let _ = Command::new("rm").arg("-rf").arg(&work).status();
 }
 
