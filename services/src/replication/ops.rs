@@ -100,11 +100,58 @@ pub fn promote(dataset: &str) -> anyhow::Result<String> {
     // Marked first: from here on the forced command refuses sends into it.
     std::fs::write(&mark, format!("promoted at {}\n", unix_now()))
         .with_context(|| format!("writing {}", mark.display()))?;
+    // A receive in flight keeps the dataset busy (and would finish a send the failover must not
+    // take): it is ended; the mark above refuses the next.
+    end_receive_in_flight(dataset)?;
     // A send cut off halfway leaves partial state that would keep the dataset busy.
     let token = run("zfs", &["get", "-H", "-o", "value", "receive_resume_token", dataset])?;
     if !matches!(token.trim(), "" | "-") {
-        run("zfs", &["receive", "-A", dataset]).context("discarding the interrupted receive")?;
+        // The kernel may still be tearing down a receive that just ended.
+        let mut tries = 0;
+        loop {
+            match run("zfs", &["receive", "-A", dataset]) {
+                Ok(_) => break,
+                Err(e) if tries < 20 && format!("{e:#}").contains("busy") => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                }
+                Err(e) => return Err(e).context("discarding the interrupted receive"),
+            }
+        }
     }
     run("zfs", &["set", "readonly=off", dataset])?;
     Ok(format!("{dataset} is writable now and takes no more replicas from {}; clients may write to it", peer.name))
+}
+
+/// Ends the `zfs receive` the forced command runs into `dataset`, if one runs, and waits for it
+/// to go. The pid is the forced command's record; it is signalled only while its command line
+/// is still a receive into this dataset (a pid may be reused).
+fn end_receive_in_flight(dataset: &str) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let pidfile = state::receiving_path(dataset);
+    let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse::<i32>().ok()) else {
+        return Ok(());
+    };
+    let receiving = || {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"zfs"))
+                && args.contains(&b"receive".as_slice())
+                && args.contains(&dataset.as_bytes())
+        })
+    };
+    if !receiving() {
+        return Ok(());
+    }
+    crate::say(format!("promote: ending the receive into {dataset} in flight (pid {pid})"));
+    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while receiving() {
+        if std::time::Instant::now() > deadline {
+            bail!("the receive into {dataset} in flight (pid {pid}) did not end within 30 s; try the promote again");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    Ok(())
 }

@@ -39,12 +39,20 @@ pub fn serve() -> anyhow::Result<()> {
             args.push(&ds);
             // The stream is stdin, the SSH channel; sshd's keepalive ends a dead connection, and
             // zfs receive then sees the stream end.
-            let out = std::process::Command::new("zfs")
+            let child = std::process::Command::new("zfs")
                 .args(&args)
                 .stdin(std::process::Stdio::inherit())
                 .stdout(std::process::Stdio::null())
-                .output()
+                .stderr(std::process::Stdio::piped())
+                .spawn()
                 .with_context(|| format!("running zfs receive into {ds}"))?;
+            // For a promote during the receive: it ends this one (see ops::promote).
+            let pidfile = state::receiving_path(&ds);
+            let _ = std::fs::create_dir_all(super::sshd::RUN_DIR);
+            let _ = std::fs::write(&pidfile, format!("{}\n", child.id()));
+            let out = child.wait_with_output().with_context(|| format!("waiting for zfs receive into {ds}"));
+            let _ = std::fs::remove_file(&pidfile);
+            let out = out?;
             if !out.status.success() {
                 bail!(
                     "zfs receive into {ds}: {} ({})",

@@ -63,6 +63,12 @@ pub fn promoted_path(st: &State, dataset: &str) -> PathBuf {
     st.path(&format!("{}/promoted/{}", nasos_layout::state::REPLICATION, dataset.replace('/', "_")))
 }
 
+/// Where the forced command keeps the pid of the `zfs receive` it runs into `dataset`, so a
+/// promote can end a receive in flight (it keeps the dataset busy).
+pub fn receiving_path(dataset: &str) -> PathBuf {
+    std::path::Path::new(super::sshd::RUN_DIR).join(format!("receiving-{}.pid", dataset.replace('/', "_")))
+}
+
 pub fn is_promoted(st: &State, dataset: &str) -> bool {
     promoted_path(st, dataset).exists()
 }
