@@ -270,19 +270,24 @@ fn rootless_build() {
     for d in [&work, &work.join("recipes"), &cache, &cache.join("debs")] {
         std::os::unix::fs::chown(d, Some(builder.0), Some(builder.1)).expect("chown");
     }
-    let build_as = |uid: (u32, u32), out: &Path| {
+    // nasos as that user, in the work folder, with nothing of root's environment.
+    let nasos_as = |uid: (u32, u32)| {
         use std::os::unix::process::CommandExt;
-        let t = Instant::now();
-        let o = Command::new(bin.join("nasos"))
-            .args(["build", "recipes/qemu-dev.toml", "--out"])
-            .arg(out)
-            .current_dir(&work)
+        let mut c = Command::new(bin.join("nasos"));
+        c.current_dir(&work)
             .env_clear()
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .env("HOME", &work)
             .env("NASOS_CACHE", &cache)
             .uid(uid.0)
-            .gid(uid.1)
+            .gid(uid.1);
+        c
+    };
+    let build_as = |uid: (u32, u32), out: &Path| {
+        let t = Instant::now();
+        let o = nasos_as(uid)
+            .args(["build", "recipes/qemu-dev.toml", "--out"])
+            .arg(out)
             .output()
             .expect("run nasos as a user");
         (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned(), t.elapsed())
@@ -314,25 +319,15 @@ fn rootless_build() {
     let (sock, qmp) = (work.join("console.sock"), work.join("qmp.sock"));
     let log = std::fs::File::create(work.join("nasos-qemu.log")).expect("log");
     let t = Instant::now();
-    let qemu = {
-        use std::os::unix::process::CommandExt;
-        Command::new(bin.join("nasos"))
-            .args(["qemu", "recipes/qemu-dev.toml", "--headless", "--cpus", "2", "--serial"])
-            .arg(&sock)
-            .arg("--qmp")
-            .arg(&qmp)
-            .current_dir(&work)
-            .env_clear()
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("HOME", &work)
-            .env("NASOS_CACHE", &cache)
-            .uid(builder.0)
-            .gid(builder.1)
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("nasos qemu as a user")
-    };
+    let qemu = nasos_as(builder)
+        .args(["qemu", "recipes/qemu-dev.toml", "--headless", "--cpus", "2", "--serial"])
+        .arg(&sock)
+        .arg("--qmp")
+        .arg(&qmp)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("nasos qemu as a user");
     let mut vm = Vm::attach(&sock, &work.join("console.log"), Some(qmp), Some(qemu), Duration::from_secs(300))
         .unwrap_or_else(|e| {
             panic!("{e:#}: {}", std::fs::read_to_string(work.join("nasos-qemu.log")).unwrap_or_default())

@@ -376,14 +376,7 @@ fn tenants() {
         let warned = |h: &serde_json::Value| {
             h["report"]["checks"].as_array().is_some_and(|c| c.iter().any(|c| c["id"] == "tenant.vision.quota"))
         };
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        let h = loop {
-            let h = json(&ok(nas, "nasctl health --json"));
-            if !warned(&h) || std::time::Instant::now() > deadline {
-                break h;
-            }
-            std::thread::sleep(Duration::from_secs(2));
-        };
+        let h = poll_json(nas, "nasctl health --json", |h| !warned(h), Duration::from_secs(60));
         assert!(!warned(&h), "{h}");
         let alerts = h["alerts"].as_array().expect("alerts");
         assert!(alerts.iter().any(|a| a["id"] == "tenant.vision.quota" && a["to"] == "ok"), "{h}");
@@ -1012,14 +1005,7 @@ fn replace_bay() {
                 c.iter().any(|c| c["id"].as_str().is_some_and(|id| id.starts_with("bay.") || id.starts_with("pool.")))
             })
         };
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let h = loop {
-            let h = json(&ok(nas, "nasctl health --json"));
-            if !ours(&h) || std::time::Instant::now() > deadline {
-                break h;
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        };
+        let h = poll_json(nas, "nasctl health --json", |h| !ours(h), Duration::from_secs(30));
         assert!(!ours(&h), "a bay or the pool is still not ok: {h}");
         let h = ok(nas, "nasctl health");
         assert!(h.contains("ok again (was warning): pool tank: ONLINE"), "{h}");
@@ -1437,6 +1423,24 @@ fn foreign_disk(name: &str) -> std::path::PathBuf {
 }
 
 /// The JSON a command printed (after anything the console added before it).
+/// Runs `cmd` (JSON out) until its value satisfies `done` or `within` has passed; returns the
+/// last value.
+fn poll_json(
+    vm: &mut nasos_qemu::Vm,
+    cmd: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+    within: Duration,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let v = json(&ok(vm, cmd));
+        if done(&v) || std::time::Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 fn json(out: &str) -> serde_json::Value {
     let start = out.find(['{', '[']).unwrap_or_else(|| panic!("no JSON in {out:?}"));
     serde_json::from_str(&out[start..]).unwrap_or_else(|e| panic!("{e}: {out}"))
