@@ -87,6 +87,7 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
     write(tree, paths::BAY_RULES, nasos_board::plan::udev::bay_rules(&plan.bays).as_bytes(), 0o644)?;
     // Written whatever the plan: a box with no links loads none, and the file shows what it would.
     write(tree, paths::FIREWALL_RULES, nasos_board::plan::firewall::ruleset(plan).as_bytes(), 0o644)?;
+    write(tree, paths::WATCHDOG_MODPROBE, paths::WATCHDOG_MODPROBE_OPTIONS.as_bytes(), 0o644)?;
     set_root_password(tree, plan)?;
     if let Some(k) = &plan.kerberos {
         write(tree, "/etc/krb5.conf", k.krb5_conf().as_bytes(), 0o644)?;
@@ -303,11 +304,36 @@ pub fn prune_modules(tree: &Path, kernel_release: &str, plan: &Plan) -> anyhow::
             }
         }
     }
+    decompress_modules(&dir)?;
     run(
         crate::userns::tree_command("chroot").arg(tree).args(["/usr/sbin/depmod", kernel_release]),
         "depmod in the image tree",
     )?;
     Ok((kept, removed))
+}
+
+/// Stores the kept modules uncompressed: the EROFS root compresses them already (lz4, which the
+/// kernel reads back far faster), and an xz module is decompressed again on every boot before it
+/// loads, on the boot's critical path. A signed module keeps its signature (it is part of the
+/// uncompressed bytes). xz runs inside the tree's namespace so the files keep their owners.
+fn decompress_modules(dir: &Path) -> anyhow::Result<()> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)?.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(".ko.xz") {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    for chunk in found.chunks(256) {
+        run(crate::userns::tree_command("xz").args(["-d", "-q"]).args(chunk), "decompressing the kernel modules")?;
+    }
+    Ok(())
 }
 
 /// Packs the tree as EROFS with fixed timestamps and UUID.

@@ -37,6 +37,11 @@ const VIRTUAL: &[&str] = &[
     "fusectl",
 ];
 
+/// How long the kernel started by kexec has to load the watchdog's driver before the running
+/// timer resets the box: the kernel and the initramfs take seconds on the box (tens under QEMU's
+/// TCG on a busy host); a hang there otherwise waits for a hand on the power button.
+pub const KEXEC_HANDOVER_S: u32 = 120;
+
 /// `record`: the state partition and this boot's number, where how the boot ended is written.
 /// `watchdog`: fed once at the start and disarmed only after everything is synced and unmounted,
 /// so a shutdown that sticks still ends in a reset.
@@ -76,6 +81,30 @@ pub fn finish(
     sync();
     unmount_all(console);
     sync();
+    let kexec = kind == ShutdownKind::Reboot && nasos_exec::kexec::loaded();
+    if kexec && fast_reboot_allowed(end) {
+        // `nasctl reboot` loaded the next boot's kernel and counted its try: start it directly,
+        // without the firmware, the watchdog still running so a kernel that hangs before its
+        // driver loads is reset. Should kexec fail, the firmware reboot below runs (disarmed).
+        if let Some(w) = watchdog.as_deref_mut() {
+            match w.hand_over(KEXEC_HANDOVER_S) {
+                Ok(t) => console.say(&format!(
+                    "watchdog left running for the next kernel: it resets the box unless that kernel loads the watchdog's driver within {t}s"
+                )),
+                Err(e) => {
+                    console.say(&format!("cannot leave the watchdog running for the next kernel ({e})"));
+                    w.disarm(console);
+                }
+            }
+        }
+        console.say("reboot: starting the loaded kernel (kexec), skipping the firmware");
+        let Err(e) = reboot(RebootMode::RB_KEXEC);
+        console.say(&format!("kexec failed ({e}); rebooting through the firmware"));
+    } else if kexec {
+        // A boot ended by nasinit itself (a missed deadline, a fatal condition) is a try that
+        // failed: the firmware and systemd-boot count it, and a reset clears the hardware.
+        let _ = nasos_exec::kexec::unload();
+    }
     if let Some(w) = watchdog {
         w.disarm(console);
     }
@@ -84,19 +113,6 @@ pub fn finish(
         ShutdownKind::Reboot => RebootMode::RB_AUTOBOOT,
         ShutdownKind::Halt => RebootMode::RB_HALT_SYSTEM,
     };
-    if kind == ShutdownKind::Reboot && nasos_exec::kexec::loaded() {
-        if fast_reboot_allowed(end) {
-            // `nasctl reboot` loaded the next boot's kernel and counted its try: start it
-            // directly, without the firmware. Should that fail, the firmware reboot below runs.
-            console.say("reboot: starting the loaded kernel (kexec), skipping the firmware");
-            let Err(e) = reboot(RebootMode::RB_KEXEC);
-            console.say(&format!("kexec failed ({e}); rebooting through the firmware"));
-        } else {
-            // A boot ended by nasinit itself (a missed deadline, a fatal condition) is a try that
-            // failed: the firmware and systemd-boot count it, and a reset clears the hardware.
-            let _ = nasos_exec::kexec::unload();
-        }
-    }
     console.say(&format!("{kind:?}").to_lowercase());
     let Err(e) = reboot(mode);
     console.say(&format!("reboot(2) failed: {e}"));

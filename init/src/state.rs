@@ -273,9 +273,49 @@ pub fn record_end(st: &State, boot: u64, end: BootEnd) {
     let _ = write_atomic(&st.end_file(boot), format!("{}\n", end.as_str()).as_bytes());
 }
 
+/// The watchdog reset the machine before this boot: what that says about the previous boot
+/// (whose recorded end is `prev_end`; `fatal_why` is its fatal file), as an operator reads it,
+/// and the end to record for it (`None`: its record stands).
+/// - It recorded a fatal condition: it let the watchdog reset it, and why is the better answer.
+/// - It recorded a clean reboot: it left the watchdog running for the kernel it started with
+///   kexec, and that kernel hung before nasinit (after a firmware reboot the watchdog is off
+///   until nasinit arms it).
+/// - Anything else (no end: it hung): the watchdog ended it.
+pub fn after_watchdog_reset(prev_end: Option<BootEnd>, fatal_why: &str) -> (String, Option<BootEnd>) {
+    match prev_end {
+        Some(BootEnd::Fatal) => (format!("{}: {}", BootEnd::Fatal.describe(), fatal_why.trim()), None),
+        Some(BootEnd::Reboot) => (
+            format!(
+                "{}; the kernel it started with kexec hung, and the hardware watchdog reset the box",
+                BootEnd::Reboot.describe()
+            ),
+            None,
+        ),
+        _ => (BootEnd::Watchdog.describe().to_string(), Some(BootEnd::Watchdog)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watchdog_reset_is_told_by_what_the_previous_boot_recorded() {
+        let (said, record) = after_watchdog_reset(Some(BootEnd::Fatal), "pool tank: suspended\n");
+        assert_eq!(said, format!("{}: pool tank: suspended", BootEnd::Fatal.describe()));
+        assert_eq!(record, None);
+        // A clean reboot handed the running watchdog to a kexec'd kernel, which hung.
+        let (said, record) = after_watchdog_reset(Some(BootEnd::Reboot), "");
+        assert!(said.starts_with("clean reboot; the kernel it started with kexec hung"), "{said}");
+        assert_eq!(record, None);
+        for prev in [None, Some(BootEnd::Unclean), Some(BootEnd::Poweroff)] {
+            assert_eq!(
+                after_watchdog_reset(prev, ""),
+                (BootEnd::Watchdog.describe().to_string(), Some(BootEnd::Watchdog)),
+                "{prev:?}"
+            );
+        }
+    }
 
     fn fixture(name: &str) -> PathBuf {
         let t = std::env::temp_dir().join(format!("nasinit-state-{name}-{}", std::process::id()));

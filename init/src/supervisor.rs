@@ -437,24 +437,24 @@ impl Supervisor {
         self.end
     }
 
-    /// The watchdog says it reset the machine: the previous boot, which left no record of a
-    /// clean end, ended that way — unless it recorded that it let the watchdog reset it for a
-    /// fatal condition, which is the better answer to "why".
+    /// The watchdog says it reset the machine: what that says of the previous boot (see
+    /// [`crate::state::after_watchdog_reset`]) is recorded and said.
     pub fn watchdog_reset_before_this_boot(&mut self) {
-        use nasos_layout::state::{BootEnd, State};
-        if let Some((root, prev)) = &self.facts.previous {
-            let st = State::at(root);
-            if st.boot_end(*prev) == Some(BootEnd::Fatal) {
+        use nasos_layout::state::State;
+        let (said, record) = match &self.facts.previous {
+            Some((root, prev)) => {
+                let st = State::at(root);
                 let why = std::fs::read_to_string(st.fatal_file(*prev)).unwrap_or_default();
-                self.facts.last_boot = format!("{}: {}", BootEnd::Fatal.describe(), why.trim());
-                self.console.say(&format!("the last boot ended: {}", self.facts.last_boot));
-                return;
+                let (said, record) = crate::state::after_watchdog_reset(st.boot_end(*prev), &why);
+                (said, record.map(|end| (st, *prev, end)))
             }
-            crate::state::record_end(&st, *prev, BootEnd::Watchdog);
+            None => (crate::state::after_watchdog_reset(None, "").0, None),
+        };
+        if let Some((st, prev, end)) = record {
+            crate::state::record_end(&st, prev, end);
         }
-        let end = BootEnd::Watchdog;
-        self.console.say(&format!("the last boot ended: {}", end.describe()));
-        self.facts.last_boot = end.describe().to_string();
+        self.console.say(&format!("the last boot ended: {said}"));
+        self.facts.last_boot = said;
     }
 
     /// Reads health's verdict (each watchdog tick) and decides whether to keep feeding the

@@ -137,6 +137,24 @@ impl Watchdog {
         }
     }
 
+    /// Leaves the timer running into the kernel that kexec starts next, with `seconds` to get as
+    /// far as loading the watchdog's driver (whose probe stops the timer; the next nasinit then
+    /// arms it again). A kernel that hangs before that is reset through the firmware, as a
+    /// firmware reboot's hang would need a hand on the power button to end. The kernel's own
+    /// stop-on-reboot is off (`options watchdog stop_on_reboot=0` in the image), so only this
+    /// decides. Returns the timeout the driver took, or why it could not.
+    pub fn hand_over(&mut self, seconds: u32) -> std::io::Result<i32> {
+        let Some(f) = &self.file else {
+            return Err(std::io::Error::other("the watchdog is not armed"));
+        };
+        let mut timeout = i32::try_from(seconds).unwrap_or(i32::MAX);
+        // SAFETY: as in `arm`: one int, read and written through a pointer that outlives the call.
+        unsafe { wdioc_settimeout(f.as_raw_fd(), &mut timeout) }.map_err(std::io::Error::from)?;
+        (&*f).write_all(b"\0")?;
+        self.next = None;
+        Ok(timeout)
+    }
+
     /// The magic close: the driver stops the timer. Only at the very end of an orderly shutdown.
     pub fn disarm(&mut self, console: &Console) {
         if let Some(mut f) = self.file.take() {

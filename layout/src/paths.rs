@@ -18,6 +18,11 @@ pub const BAY_DIR: &str = "/dev/disk/by-bay";
 pub const BAY_RULES: &str = "/etc/udev/rules.d/61-nasos-bays.rules";
 /// The plan's nftables ruleset (written at build time, loaded by the `firewall` service).
 pub const FIREWALL_RULES: &str = "/usr/lib/nasos/firewall.nft";
+/// Module options for the watchdog core: it must not stop the timer on a reboot, so the one nasinit
+/// leaves running across a kexec keeps watching the next kernel (nasinit disarms it itself before
+/// every other reboot).
+pub const WATCHDOG_MODPROBE: &str = "/etc/modprobe.d/nasos-watchdog.conf";
+pub const WATCHDOG_MODPROBE_OPTIONS: &str = "options watchdog stop_on_reboot=0\n";
 /// nftables' command.
 pub const NFT: &str = "/usr/sbin/nft";
 /// The health agent's latest round (checks, recent alerts, what it read), for nasctl; on tmpfs.

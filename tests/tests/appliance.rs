@@ -461,6 +461,13 @@ fn fast_reboot() {
         assert!(said.contains("reboot: fast (kexec) into nasos 0.1.0 (nasos-0.1.0.efi)"), "{said}");
         let t = Instant::now();
         vm.expect_new_shell();
+        // The watchdog keeps running into the next kernel (a hang there ends in a reset), and
+        // that kernel's nasinit arms it again.
+        let handed = vm.wait_for("nasinit: watchdog ", Duration::from_secs(120)).expect("the watchdog is handed over");
+        assert!(
+            handed.contains("watchdog left running for the next kernel") && handed.contains("within 120s"),
+            "{handed}"
+        );
         let kexec = vm.wait_for("nasinit: reboot: ", Duration::from_secs(120)).expect("nasinit reboots");
         assert!(kexec.contains("starting the loaded kernel (kexec)"), "{kexec}");
         vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
@@ -472,6 +479,14 @@ fn fast_reboot() {
         assert_eq!(st["last_boot"], "clean reboot", "{st}");
         let cmdline = ok(vm, "cat /proc/cmdline");
         assert!(cmdline.contains("nasos.kexec-entry=nasos-0.1.0.efi"), "{cmdline}");
+        let armed = ok(vm, "dmesg | grep 'nasinit: watchdog' || true");
+        assert!(armed.contains("armed, timeout 30s, fed by nasinit"), "{armed}");
+        // What made the handover possible: the watchdog core does not stop the timer on a reboot.
+        let stop = ok(vm, "cat /sys/module/watchdog/parameters/stop_on_reboot");
+        assert_eq!(stop.trim(), "0", "{stop}");
+        // The modules are stored uncompressed (EROFS compresses them already).
+        let zfs = ok(vm, "modinfo -n zfs");
+        assert!(zfs.trim().ends_with("/zfs.ko"), "{zfs}");
     });
 }
 
