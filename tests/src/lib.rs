@@ -221,6 +221,32 @@ fn start(dir: &Path, tag: &str, memory_mib: u32, link: Link, secure_boot: Option
     Vm::start(&spec, &dir.join(format!("console-{tag}.log"))).expect("start QEMU")
 }
 
+/// The JSON value a command printed on a console. The console is shared: the kernel, nasinit and
+/// the health agent write their lines to it too, so one may land before, inside or after the
+/// value. Such lines begin with a word and a colon (`health: WARNING …`) or a kernel timestamp,
+/// which no line of pretty-printed JSON does; they are left out, and anything after the value
+/// is ignored.
+pub fn console_json(out: &str) -> serde_json::Value {
+    let said = |l: &str| {
+        let head = l.split(':').next().unwrap_or("");
+        let printk = l.strip_prefix('[').and_then(|r| r.split_once(']')).is_some_and(|(t, _)| {
+            let t = t.trim();
+            !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.')
+        });
+        printk
+            || (!l.starts_with([' ', '{', '}', '[', ']', '"'])
+                && !head.is_empty()
+                && head.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+    };
+    let kept: String = out.lines().filter(|l| !said(l)).map(|l| format!("{l}\n")).collect();
+    let start = kept.find(['{', '[']).unwrap_or_else(|| panic!("no JSON in {out:?}"));
+    serde_json::Deserializer::from_str(&kept[start..])
+        .into_iter::<serde_json::Value>()
+        .next()
+        .unwrap_or_else(|| panic!("no JSON in {out:?}"))
+        .unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
 /// Runs a command on a console and insists it succeeds.
 pub fn ok(vm: &mut Vm, cmd: &str) -> String {
     let (out, code) = vm.run(cmd, Duration::from_secs(300)).unwrap_or_else(|e| panic!("`{cmd}`: {e}"));
@@ -374,4 +400,17 @@ pub fn host_tool(path: &str, package: &str) -> PathBuf {
         assert!(st.success() && Path::new(path).exists(), "apt-get install {package} did not provide {path}");
     }
     PathBuf::from(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::console_json;
+
+    #[test]
+    fn console_lines_around_and_inside_json_are_left_out() {
+        let out = "nasinit: watchdog armed\n{\n  \"a\": [\n[   12.5] nvme nvme0: pci function\n    1\n  ],\nhealth: WARNING replication tank/train → dr: behind\n  \"b\": \"x: y\"\n}\nhealth: CRITICAL BAY07: drive missing\n{\"next\": 1}\n";
+        let v = console_json(out);
+        assert_eq!(v, serde_json::json!({"a": [1], "b": "x: y"}));
+        assert_eq!(console_json("root@nasos-dev:~# [1, 2]\n"), serde_json::json!([1, 2]));
+    }
 }

@@ -39,8 +39,7 @@ fn status_json(vm: &mut Vm) -> serde_json::Value {
 
 /// The JSON object a command printed (after anything the console added before it).
 fn json(out: &str) -> serde_json::Value {
-    let start = out.find('{').expect("JSON in the output");
-    serde_json::from_str(&out[start..]).unwrap_or_else(|e| panic!("{e}: {out}"))
+    nasos_tests::console_json(out)
 }
 
 fn main() -> ExitCode {

@@ -1442,6 +1442,5 @@ fn poll_json(
 }
 
 fn json(out: &str) -> serde_json::Value {
-    let start = out.find(['{', '[']).unwrap_or_else(|| panic!("no JSON in {out:?}"));
-    serde_json::from_str(&out[start..]).unwrap_or_else(|e| panic!("{e}: {out}"))
+    nasos_tests::console_json(out)
 }

@@ -65,7 +65,7 @@ fn stays_up() {
         assert!(vm.wait_for("nasinit: started", Duration::from_secs(30)).is_err(), "it rebooted again");
         vm.wait_for_login(Duration::from_secs(30)).ok();
         let status = ok(vm, "nasctl status --json");
-        let status: serde_json::Value = serde_json::from_str(&status[status.find('{').expect("JSON")..]).expect("JSON");
+        let status = nasos_tests::console_json(&status);
         assert_ne!(status["state"], "ready", "{status}");
         assert!(status["why_not_ready"].as_str().is_some_and(|w| w.contains("staying up")), "{status}");
         let shown = ok(vm, "nasctl status");

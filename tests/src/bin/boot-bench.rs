@@ -43,7 +43,7 @@ fn appliance_boot(dir: &Path) -> (f64, f64, String) {
     let status = ok(&mut vm, "nasctl status --json");
     let timeline = ok(&mut vm, "nasctl timeline");
     vm.kill();
-    let status: serde_json::Value = serde_json::from_str(&status[status.find('{').expect("JSON")..]).expect("JSON");
+    let status = nasos_tests::console_json(&status);
     let kernel = status["kernel_ms"].as_f64().expect("kernel_ms") / 1000.0;
     let ready = status["ready_ms"].as_f64().expect("ready_ms") / 1000.0;
     let nfs = timeline
