@@ -263,7 +263,19 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             format!("NAME=\"nasos\"\nID=nasos\nVERSION_ID={v}\nPRETTY_NAME=\"nasos {v} ({n})\"\nIMAGE_ID={n}\nIMAGE_VERSION={v}\n", v = plan.image.version, n = plan.image.name),
         )?;
         let tmp = crate::stage::tmp_path(&uki_path);
-        uki::build(&stub, &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel: &vmlinuz, initrd: &initrd }, &tmp, epoch)?;
+        // Under Secure Boot the running kernel is locked down, and a fast reboot's
+        // kexec_file_load takes only a kernel signed by a key it trusts — the db's (the platform
+        // keyring), not Debian's: the UKI carries the kernel re-signed for the recipe's db.
+        let signed_kernel = opts.out.join("vmlinuz.signed");
+        let kernel = match &signer {
+            Some(s) => {
+                s.resign_efi(&vmlinuz, &signed_kernel, epoch)?;
+                signed_kernel.as_path()
+            }
+            None => vmlinuz.as_path(),
+        };
+        uki::build(&stub, &uki::Parts { os_release: &osrel, cmdline: &cmd_file, kernel, initrd: &initrd }, &tmp, epoch)?;
+        let _ = std::fs::remove_file(&signed_kernel);
         let signed = match &signer {
             // Signing is the very last change: objcopy on a signed UKI breaks its signature.
             Some(s) => {
@@ -274,7 +286,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
                 let btmp = crate::stage::tmp_path(&boot_signed);
                 s.sign_efi(&boot_efi, &btmp, epoch)?;
                 std::fs::rename(&btmp, &boot_signed)?;
-                format!(", systemd-boot and the UKI signed for {}", s.subject_cn()?)
+                format!(", systemd-boot, the UKI and its kernel signed for {}", s.subject_cn()?)
             }
             None => String::new(),
         };

@@ -46,6 +46,7 @@ pub const QEMU: &[Tool] = &[
 pub const SIGN: &[Tool] = &[
     tool("/usr/bin/sbsign", "sbsigntool"),
     tool("/usr/bin/sbverify", "sbsigntool"),
+    tool("/usr/bin/sbattach", "sbsigntool"),
     tool("/usr/bin/faketime", "faketime"),
     tool("/usr/bin/openssl", "openssl"),
 ];

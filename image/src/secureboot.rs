@@ -126,13 +126,32 @@ impl Signer {
         Ok(())
     }
 
+    /// When the certificate becomes valid (its notBefore), in seconds since the epoch.
+    fn not_before(&self) -> anyhow::Result<u64> {
+        let o = Command::new("openssl")
+            .args(["x509", "-noout", "-startdate", "-dateopt", "iso_8601", "-in"])
+            .arg(&self.cert)
+            .output()
+            .context("running openssl x509 -startdate")?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        let date = text.trim().strip_prefix("notBefore=").with_context(|| format!("no notBefore in {text:?}"))?;
+        let o = Command::new("date").args(["-u", "-d", date, "+%s"]).output().context("running date")?;
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .with_context(|| format!("{} starts at {date:?}, which date cannot read", self.cert.display()))
+    }
+
     /// Signs an EFI binary (systemd-boot, the UKI) in place of `out`, then checks the signature.
     pub fn sign_efi(&self, input: &Path, out: &Path, epoch: u64) -> anyhow::Result<()> {
-        // sbsign puts the signing time in the signature: pin it to the build's epoch.
+        // sbsign puts the signing time in the signature: pin it to the build's epoch, or to when
+        // the certificate became valid if that is later — the kernel refuses a kexec'd kernel
+        // "signed outside of the X.509 validity window" (the firmware does not look).
         // `-f` with an absolute date: libfaketime's frozen clock, not one started at that time.
+        let at = epoch.max(self.not_before()?);
         let o = Command::new("faketime")
             .arg("-f")
-            .arg(faketime_stamp(epoch))
+            .arg(faketime_stamp(at))
             .arg("sbsign")
             .arg("--key")
             .arg(&self.key)
@@ -151,6 +170,24 @@ impl Signer {
         if !o.status.success() {
             bail!("sbverify refused the signed {}: {}", out.display(), String::from_utf8_lossy(&o.stderr));
         }
+        Ok(())
+    }
+
+    /// Signs an EFI binary that comes signed by someone else (Debian's kernel) for the db only:
+    /// the kernel checks a kexec'd kernel's first signature, so the other is removed first.
+    pub fn resign_efi(&self, input: &Path, out: &Path, epoch: u64) -> anyhow::Result<()> {
+        let bare = out.with_extension("unsigned");
+        std::fs::copy(input, &bare).with_context(|| format!("copying {}", input.display()))?;
+        // sbattach --remove fails on a binary with no signature: only one that has some is changed.
+        let listed = Command::new("sbverify").arg("--list").arg(&bare).output().context("running sbverify --list")?;
+        if String::from_utf8_lossy(&listed.stdout).contains("signature 1") {
+            let o = Command::new("sbattach").arg("--remove").arg(&bare).output().context("running sbattach")?;
+            if !o.status.success() {
+                bail!("sbattach --remove {} failed: {}", bare.display(), String::from_utf8_lossy(&o.stderr));
+            }
+        }
+        self.sign_efi(&bare, out, epoch)?;
+        std::fs::remove_file(&bare)?;
         Ok(())
     }
 

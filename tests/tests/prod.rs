@@ -129,6 +129,9 @@ fn loader_cmdline_ignored() {
              > /tmp/oneshot && cat /tmp/oneshot > /sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f",
         );
         vm.send_line("nasctl reboot").expect("reboot");
+        // Only systemd-boot can start an entry that is not one of nasos's UKIs.
+        let said = vm.wait_for("reboot: ", Duration::from_secs(120)).expect("nasctl says which reboot");
+        assert!(said.contains("reboot: through the firmware; a fast reboot cannot be done: the one-shot entry shell.conf"), "{said}");
         vm.expect_new_shell();
         vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts, not a shell");
         login(vm, PASSWORD);
@@ -224,6 +227,10 @@ fn login_with_it() {
 fn after_reboot() {
     VM.with(|vm| {
         vm.send_line("nasctl reboot").expect("reboot");
+        // Fast under Secure Boot too: the UKI's kernel is signed for the db, which the locked-down
+        // kernel trusts for kexec_file_load (the platform keyring).
+        let said = vm.wait_for("reboot: ", Duration::from_secs(120)).expect("nasctl says which reboot");
+        assert!(said.contains("reboot: fast (kexec) into nasos 0.1.0 (nasos-0.1.0.efi)"), "{said}");
         vm.expect_new_shell();
         vm.wait_for("nasinit: started", Duration::from_secs(300)).expect("nasinit starts again");
         let seen = vm.console_lines().len();

@@ -49,12 +49,22 @@ pub fn command_line(uki_cmdline: &str, entry_name: &str) -> String {
     format!("{} {}={entry_name}", uki_cmdline.trim_end_matches(['\0', '\n', ' ']), entry::KEXEC_ARG)
 }
 
+/// The entry a fast reboot starts: the one systemd-boot would. A one-shot entry that is not one
+/// of nasos's (an operator's, say) only systemd-boot can start: the reboot goes through it.
+pub fn target(entries: &[(String, entry::Entry)], oneshot: Option<&str>) -> anyhow::Result<String> {
+    if let Some(id) = oneshot
+        && !entries.iter().any(|(n, _)| entry::id(n).as_deref() == Some(id))
+    {
+        bail!("the one-shot entry {id} is not one of nasos's boot entries; systemd-boot starts it");
+    }
+    super::status::boots_next(entries, oneshot).context("the ESP has no entry to boot")
+}
+
 /// Loads the next boot's kernel for a fast reboot, counting its try. Errors leave nothing loaded
 /// and no entry renamed.
 pub fn prepare() -> anyhow::Result<Loaded> {
     let (_disk, esp, oneshot) = super::status::boot_choice()?;
-    let entries = esp.entries();
-    let next = super::status::boots_next(&entries, oneshot.as_deref()).context("the ESP has no entry to boot")?;
+    let next = target(&esp.entries(), oneshot.as_deref())?;
     let version = entry::parse(&next).map(|e| e.version).unwrap_or_default();
     let counted = entry::after_a_try(&next);
     let started_as = counted.clone().unwrap_or_else(|| next.clone());
@@ -148,6 +158,21 @@ mod tests {
         let root = nasos_layout::cmdline::RootArgs::parse(&c).expect("the verity argument");
         assert_eq!(root.verity.root_hash, "ab".repeat(32));
         assert_eq!(root.init, None);
+    }
+
+    #[test]
+    fn the_target_is_systemd_boots_choice_and_an_entry_only_it_can_start_is_refused() {
+        let entries: Vec<(String, entry::Entry)> = ["nasos-0.1.0.efi", "nasos-0.2.0+2.efi", "nasos-0.3.0+0-2.efi"]
+            .iter()
+            .map(|n| (n.to_string(), entry::parse(n).expect("an entry")))
+            .collect();
+        // The newest with tries left; 0.3.0 has none.
+        assert_eq!(target(&entries, None).expect("a target"), "nasos-0.2.0+2.efi");
+        // A downgrade's one-shot, by its id.
+        assert_eq!(target(&entries, Some("nasos-0.1.0.efi")).expect("a target"), "nasos-0.1.0.efi");
+        let e = target(&entries, Some("shell.conf")).expect_err("not nasos's");
+        assert!(format!("{e}").contains("the one-shot entry shell.conf is not one of nasos's boot entries"), "{e}");
+        assert!(target(&[], None).is_err());
     }
 
     #[test]
