@@ -41,7 +41,11 @@ fn appliance_boot(dir: &Path) -> (f64, f64, String) {
     let mut vm = nasos_tests::boot_again_cpus(dir, "run", MEMORY, link(dir), 1);
     vm.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("the appliance is ready");
     let status = ok(&mut vm, "nasctl status --json");
-    let timeline = ok(&mut vm, "nasctl timeline");
+    let mut timeline = ok(&mut vm, "nasctl timeline");
+    // Where the critical path's services spent their time, in their own words.
+    for service in ["modules", "modules-storage", "storage", "nfs"] {
+        timeline.push_str(&format!("\n{service}:\n{}", ok(&mut vm, &format!("nasctl logs {service} | tail -n 25"))));
+    }
     vm.kill();
     let status = nasos_tests::console_json(&status);
     let kernel = status["kernel_ms"].as_f64().expect("kernel_ms") / 1000.0;

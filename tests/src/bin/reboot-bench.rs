@@ -2,9 +2,9 @@
 //! fast reboot (`nasctl reboot`: kexec, no firmware), its full reboot (`nasctl reboot
 //! --firmware`) and the stock systemd reference's `systemctl reboot`, side by side in one run.
 //!
-//!     cargo run --release -p nasos-tests --bin nasos-reboot-bench -- [ROUNDS] [rdma|tcp]
+//!     cargo run --release -p nasos-tests --bin nasos-reboot-bench -- [ROUNDS] [rdma|tcp] [both|nasos|reference]
 //!
-//! A client VM (qemu-client) mounts the box's export (hard, NFSv4.2, over RDMA by default) and
+//! A client VM (qemu-client) mounts the box's export (hard, NFSv4.2, over TCP by default) and
 //! reads one 4 KiB block with O_DIRECT — a fresh open each time, as a data loader opens its
 //! samples — about 20 times a second, logging when each read returns. A read issued while the
 //! box is down blocks and returns once the box serves again (open state reclaimed, grace over),
@@ -30,15 +30,17 @@ const PROBE: &str = "reboot-probe";
 
 /// Starts the client's read loop on `mnt` (logging to /tmp/reads.log).
 fn start_reader(gpu: &mut Vm, mnt: &str) {
+    // One read as the loop does it, so a read that cannot work fails here, saying why.
+    ok(gpu, &format!("dd if={mnt}/{PROBE} of=/dev/null bs=4k count=1 iflag=direct"));
     ok(
         gpu,
         &format!(
-            "nohup sh -c 'while :; do dd if={mnt}/{PROBE} of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null && date +%s.%N >> /tmp/reads.log; sleep 0.05; done' >/dev/null 2>&1 &"
+            "nohup sh -c 'while :; do dd if={mnt}/{PROBE} of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null && date +%s.%N >> /tmp/reads.log; sleep 0.05; done' >/dev/null 2>&1 & true"
         ),
     );
     nasos_tests::poll_until(
         gpu,
-        "wc -l < /tmp/reads.log",
+        "cat /tmp/reads.log 2>/dev/null | wc -l",
         |out| out.lines().any(|l| l.trim().parse::<u32>().is_ok_and(|n| n > 5)),
         Duration::from_secs(60),
     );
@@ -91,15 +93,34 @@ fn median(v: &[f64]) -> f64 {
 fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
-    let transport = args.next().unwrap_or_else(|| "rdma".into());
+    // TCP by default: the reference's client (qemu-client with an address added on the reference's
+    // network) gets "Network is unreachable" from an RDMA mount of the reference, not yet
+    // understood; `rdma` measures the appliance side over RDMA.
+    let transport = args.next().unwrap_or_else(|| "tcp".into());
     assert!(transport == "rdma" || transport == "tcp", "transport: rdma or tcp, not {transport}");
+    let sides = args.next().unwrap_or_else(|| "both".into());
+    assert!(["both", "nasos", "reference"].contains(&sides.as_str()), "sides: both, nasos or reference, not {sides}");
     let dir = repo().join("build/bench/reboot");
     build_binaries();
+    let (fast, full) =
+        if sides != "reference" { nasos_side(&dir, rounds, &transport) } else { (Vec::new(), Vec::new()) };
+    let refs = if sides != "nasos" { reference_side(&dir, rounds, &transport) } else { Vec::new() };
 
+    let m = |v: &[f64]| if v.is_empty() { f64::NAN } else { median(v) };
+    let (r, k, f) = (m(&refs), m(&fast), m(&full));
+    println!("client-visible downtime of a reboot, NFSv4.2 over {transport} (median of {rounds}; TCG, this host)");
+    println!("reference systemd, systemctl reboot:   {r:6.1} s");
+    println!("nasos, nasctl reboot --firmware:       {f:6.1} s   {:.2}x", f / r);
+    println!("nasos, nasctl reboot (kexec):          {k:6.1} s   {:.2}x", k / r);
+    println!("kexec / firmware:                              {:.2}x", k / f);
+}
+
+/// The appliance and its client: rounds of `nasctl reboot` and `nasctl reboot --firmware`.
+fn nasos_side(dir: &std::path::Path, rounds: usize, transport: &str) -> (Vec<f64>, Vec<f64>) {
     eprintln!("nasos-reboot-bench: booting the appliance and its client (TCG: a few minutes)");
     let mut pair = Pair::start(&dir.join("pair"));
     ok(&mut pair.nas, &format!("head -c 1M /dev/urandom > /export/tank/train/{PROBE}"));
-    pair.mount(&transport, "/tmp/rb");
+    pair.mount(transport, "/tmp/rb");
     start_reader(&mut pair.gpu, "/tmp/rb");
     let (mut fast, mut full) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
@@ -115,7 +136,11 @@ fn main() {
         }
     }
     pair.kill();
+    (fast, full)
+}
 
+/// The reference and a client of its own: rounds of `systemctl reboot`.
+fn reference_side(dir: &std::path::Path, rounds: usize, transport: &str) -> Vec<f64> {
     eprintln!("reference: booting the stock systemd box and a client of its own");
     let refdir = repo().join("build/bench/boot/reference");
     std::fs::create_dir_all(&refdir).expect("dir");
@@ -124,10 +149,11 @@ fn main() {
     refvm.wait_for("REFSYS-SERVING uptime=", Duration::from_secs(900)).expect("the reference serves");
     let client = repo().join("build/qemu-client/disk.qcow2");
     let link = Link { port: "roce1".into(), socket: refdir.join("net.sock"), listen: false, more: Vec::new() };
-    let mut gpu = nasos_tests::boot(&dir, &client, "refclient", 1024, link, |_| {});
+    let mut gpu = nasos_tests::boot(dir, &client, "refclient", 1024, link, |_| {});
     gpu.wait_for("nasinit: ready in ", Duration::from_secs(600)).expect("the reference's client is ready");
     gpu.wait_for_login(Duration::from_secs(60)).ok();
-    ok(&mut gpu, "ip address add 10.99.0.2/24 dev roce1");
+    // The client's data link (data0 on port roce1), on the reference's network and MTU.
+    ok(&mut gpu, "ip link set dev data0 mtu 1500 && ip address add 10.99.0.2/24 dev data0");
     let opts = if transport == "rdma" { "vers=4.2,proto=rdma,port=20049" } else { "vers=4.2,proto=tcp" };
     ok(
         &mut gpu,
@@ -147,12 +173,5 @@ fn main() {
     }
     refvm.kill();
     gpu.kill();
-
-    let r = median(&refs);
-    let (k, f) = (median(&fast), median(&full));
-    println!("client-visible downtime of a reboot, NFSv4.2 over {transport} (median of {rounds}; TCG, this host)");
-    println!("reference systemd, systemctl reboot:   {r:6.1} s");
-    println!("nasos, nasctl reboot --firmware:       {f:6.1} s   {:.2}x", f / r);
-    println!("nasos, nasctl reboot (kexec):          {k:6.1} s   {:.2}x", k / r);
-    println!("kexec / firmware:                              {:.2}x", k / f);
+    refs
 }
