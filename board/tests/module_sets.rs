@@ -1,5 +1,6 @@
 //! The module sets each shipped recipe gets: storage waits for its drives' driver and zfs, not
-//! for nfsd or the NIC's; the sets off the storage path yield the CPU; a box that boots from
+//! for nfsd or the NIC's; the sets off the storage path yield the CPU, and what serving does not
+//! need loads after it; a box that boots from
 //! NVMe replays the drives' events (their driver loaded before udevd ran).
 
 use std::path::Path;
@@ -31,15 +32,19 @@ fn storage_starts_once_its_own_drivers_are_in() {
     assert_eq!(
         sets(&p),
         [
-            "modules: virtio_net virtio_pci i6300esb vfat xhci_pci bays=false replay=false nice=0",
+            "modules: virtio_net virtio_pci i6300esb vfat bays=false replay=false nice=0",
             "modules-storage: nvme zfs bays=true replay=false nice=0",
             "modules-net: rdma_rxe ib_uverbs rdma_ucm nf_tables nft_ct bays=false replay=false nice=10",
             "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false nice=10",
+            "modules-late: xhci_pci bays=false replay=false nice=19",
         ]
     );
     assert_eq!(after(&p, "storage"), ["modules", "modules-storage"]);
     assert_eq!(after(&p, "fabric"), ["modules", "modules-net", "firewall"]);
     assert_eq!(after(&p, "nfs"), ["modules", "modules-nfs", "storage", "fabric"]);
+    // The USB controller loads once the box serves, and nothing on the way waits for it.
+    assert_eq!(after(&p, "modules-late"), ["udev", "storage", "nfs"]);
+    assert!(p.services.iter().all(|s| !s.after.iter().any(|a| a == "modules-late")));
     // Every module the image keeps is in exactly one set.
     let flat: Vec<&String> = p.kernel.module_sets.iter().flat_map(|s| &s.modules).collect();
     assert_eq!(flat, p.kernel.modules.iter().collect::<Vec<_>>());

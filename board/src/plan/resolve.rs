@@ -7,7 +7,8 @@ use crate::units::parse_size;
 use nasos_layout::paths::EXPORT_ROOT;
 
 use super::services::{
-    Features, MODULES, MODULES_NET, MODULES_NFS, MODULES_STORAGE, apply_liveness, console_service, services,
+    Features, MODULES, MODULES_LATE, MODULES_NET, MODULES_NFS, MODULES_STORAGE, apply_liveness, console_service,
+    services,
 };
 
 /// Resolves a validated recipe on its board into a plan.
@@ -81,8 +82,8 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     sets.push(MODULES, "vfat");
     // The USB host controller is there from power-on, and with no coldplug of every device
     // nothing else would bind it: a stick plugged in later (an upgrade bundle) needs it, and
-    // udev loads the stick's own drivers when it appears.
-    sets.push(MODULES, "xhci_pci");
+    // udev loads the stick's own drivers when it appears. Serving does not: it loads late.
+    sets.push(MODULES_LATE, "xhci_pci");
     for m in &r.kernel.modules {
         sets.push(MODULES, m);
     }
@@ -542,13 +543,17 @@ impl ModuleSets {
     /// The sets in start order, the base set first; with `wait_bays`, the one holding `nvme`
     /// waits for the bays.
     fn into_sets(self, wait_bays: bool, drives_early: bool) -> Vec<ModuleSet> {
-        let order = [MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS];
+        let order = [MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS, MODULES_LATE];
         let mut sets = self.sets;
         sets.sort_by_key(|(s, _)| order.iter().position(|o| o == s));
         sets.into_iter()
             .map(|(service, modules)| {
                 let bays = wait_bays && modules.iter().any(|m| m == "nvme");
-                let nice = if service == MODULES_NET || service == MODULES_NFS { 10 } else { 0 };
+                let nice = match service {
+                    MODULES_NET | MODULES_NFS => 10,
+                    MODULES_LATE => 19,
+                    _ => 0,
+                };
                 ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays && drives_early, nice }
             })
             .collect()

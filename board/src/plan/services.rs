@@ -82,6 +82,10 @@ pub const MODULES: &str = "modules";
 pub const MODULES_STORAGE: &str = "modules-storage";
 pub const MODULES_NET: &str = "modules-net";
 pub const MODULES_NFS: &str = "modules-nfs";
+/// What serving does not need (the USB controller, for a stick with a bundle): loaded once the box
+/// serves, at the lowest priority, so it takes no CPU from the boot's critical path (under QEMU's
+/// TCG the controller's init alone took 11 s of a one-vCPU boot). Nothing waits for it.
+pub const MODULES_LATE: &str = "modules-late";
 
 /// Gives each service that is not ready at once its start timeout (the recipe's, or its
 /// override), and swaps in a program that never finishes for services a development recipe
@@ -145,9 +149,9 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
     // udev names devices the way libzfs waits for them (a pool's partitions), and loads drivers
     // for what it finds. systemd-udevd speaks sd_notify.
     add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[]);
-    for set in module_sets {
-        let load = vec![NASINIT.to_string(), agents::NASINIT_LOAD_MODULES.to_string(), set.to_string()];
-        add(set, load, Readiness::Exited, &modules_policy, None, &["udev"]);
+    let load = |set: &str| vec![NASINIT.to_string(), agents::NASINIT_LOAD_MODULES.to_string(), set.to_string()];
+    for set in module_sets.iter().filter(|s| **s != MODULES_LATE) {
+        add(set, load(set), Readiness::Exited, &modules_policy, None, &["udev"]);
     }
     if network {
         // The plan's ruleset, as one nft transaction, before any link is up or anything listens:
@@ -174,6 +178,9 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
     if nfs {
         let after = [MODULES, MODULES_NFS, "storage", "fabric"];
         add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &after);
+    }
+    if module_sets.contains(&MODULES_LATE) {
+        add(MODULES_LATE, load(MODULES_LATE), Readiness::Exited, &modules_policy, None, &["udev", "storage", "nfs"]);
     }
     if storage && snapshots {
         // Takes and prunes the policies' snapshots; ready once it runs (the first round must not
