@@ -30,6 +30,15 @@ pub struct Watchdog {
     pet_every: Duration,
 }
 
+/// Sets the timer's timeout; returns the one the driver took (it may round or clamp).
+fn set_timeout(f: &File, seconds: i32) -> std::io::Result<i32> {
+    let mut timeout = seconds;
+    // SAFETY: WDIOC_SETTIMEOUT reads and writes one int through the pointer, which lives for the
+    // call.
+    unsafe { wdioc_settimeout(f.as_raw_fd(), &mut timeout) }.map_err(std::io::Error::from)?;
+    Ok(timeout)
+}
+
 /// Whether a watchdog's boot status says it reset the machine (WDIOF_CARDRESET).
 pub fn reset_by_watchdog(class_dir: &Path) -> bool {
     const WDIOF_CARDRESET: u32 = 0x0020;
@@ -113,10 +122,7 @@ impl Watchdog {
 
     fn arm(&mut self, dev: &Path) -> std::io::Result<i32> {
         let f = File::options().write(true).open(dev)?;
-        let mut timeout = i32::try_from(self.timeout_s).unwrap_or(60);
-        // SAFETY: WDIOC_SETTIMEOUT reads and writes one int through the pointer, which lives
-        // for the call.
-        unsafe { wdioc_settimeout(f.as_raw_fd(), &mut timeout) }.map_err(std::io::Error::from)?;
+        let timeout = set_timeout(&f, i32::try_from(self.timeout_s).unwrap_or(60))?;
         (&f).write_all(b"\0")?;
         self.pet_every = Duration::from_secs(u64::try_from(timeout / 4).unwrap_or(1).max(1));
         self.file = Some(f);
@@ -147,9 +153,7 @@ impl Watchdog {
         let Some(f) = &self.file else {
             return Err(std::io::Error::other("the watchdog is not armed"));
         };
-        let mut timeout = i32::try_from(seconds).unwrap_or(i32::MAX);
-        // SAFETY: as in `arm`: one int, read and written through a pointer that outlives the call.
-        unsafe { wdioc_settimeout(f.as_raw_fd(), &mut timeout) }.map_err(std::io::Error::from)?;
+        let timeout = set_timeout(f, i32::try_from(seconds).unwrap_or(i32::MAX))?;
         (&*f).write_all(b"\0")?;
         self.next = None;
         Ok(timeout)
