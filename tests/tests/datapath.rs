@@ -1184,9 +1184,18 @@ fn common_held() {
         let (out, code) = pair.nas.run(&format!("nasctl destroy {snap}"), Duration::from_secs(60)).expect("destroy");
         assert!(code != 0 && out.contains("held by nasos-repl-to-dr"), "{out}");
         let dr = dr(pair);
-        // The twin may have received a newer one meanwhile; it holds its newest.
-        let holds = ok(dr, "zfs list -H -t snapshot -o name -d1 tank/train | xargs zfs holds -H | grep nasos-repl-from-primary");
-        assert!(holds.contains("repl-dr-"), "{holds}");
+        // The twin holds the newest snapshot it received, and only that one: it may be a policy
+        // snapshot taken between the round's own and the send (`zfs send -I` carries those), and
+        // the twin may have received a newer one since the job was read.
+        let holds = ok(
+            dr,
+            "zfs list -H -t snapshot -o name -s createtxg -d1 tank/train | tail -n1; \
+             zfs list -H -t snapshot -o name -d1 tank/train | xargs zfs holds -H | grep nasos-repl-from-primary",
+        );
+        let mut lines = holds.lines().filter(|l| !l.trim().is_empty());
+        let newest = lines.next().unwrap_or_else(|| panic!("{holds}")).trim().to_string();
+        let held: Vec<&str> = lines.filter_map(|l| l.split('\t').next()).collect();
+        assert_eq!(held, [newest.as_str()], "the twin's hold is not on its newest snapshot alone: {holds}");
         // Only the peer's key, only the forced command, only its dataset.
         let ssh = "ssh -i /run/nasos/replication/identity -o UserKnownHostsFile=/run/nasos/replication/known_hosts -o BatchMode=yes -o StrictHostKeyChecking=yes root@10.77.0.2";
         let nas = &mut pair.nas;
