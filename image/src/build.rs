@@ -184,6 +184,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         for m in zfs::modules_in(d) {
             k.str(&m).file(&d.join(&m))?;
         }
+        k.str(zfs::PREPARED);
     }
     if let Some(s) = &signer {
         // Signed modules: their signatures follow from the modules and the certificate (the
@@ -194,18 +195,22 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
         let tree = opts.out.join("tree");
         root::assemble(&tar, &tree, plan, &plan_json, &bins)?;
         if let Some(d) = &zfs_dir {
+            let prepared = opts.out.join("zfs-modules");
+            let _ = std::fs::remove_dir_all(&prepared);
+            let names = zfs::prepare(d, &prepared)?;
             match &signer {
                 Some(s) => {
                     // Under Secure Boot the kernel is locked down and loads only signed modules;
                     // Debian's kernel checks them against the UEFI db.
                     let signed = opts.out.join("signed-modules");
                     let _ = std::fs::remove_dir_all(&signed);
-                    secureboot::sign_modules(s, d, &zfs::modules_in(d), &signed)?;
+                    secureboot::sign_modules(s, &prepared, &names, &signed)?;
                     zfs::install(&signed, &tree, &kernel_release)?;
                     std::fs::remove_dir_all(&signed)?;
                 }
-                None => zfs::install(d, &tree, &kernel_release)?,
+                None => zfs::install(&prepared, &tree, &kernel_release)?,
             }
+            std::fs::remove_dir_all(&prepared)?;
         }
         let (kept, removed) = root::prune_modules(&tree, &kernel_release, plan)?;
         let tree_mib = root::tree_size(&tree) >> 20;

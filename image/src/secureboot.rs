@@ -260,33 +260,14 @@ pub fn append_signature(module: &[u8], cms: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Signs every module of the cached ZFS build into `dest` (compressed as the kernel's own are:
-/// xz, CRC32, 1 MiB dictionary), returning the names written.
+/// Signs the modules `names` in `from` (uncompressed: see `zfs::prepare`) into `dest`.
 pub fn sign_modules(signer: &Signer, from: &Path, names: &[String], dest: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dest)?;
     for name in names {
         let path = from.join(name);
-        let raw = if name.ends_with(".xz") {
-            let o = Command::new("xz").arg("-dc").arg(&path).output().context("running xz -dc")?;
-            if !o.status.success() {
-                bail!("xz -dc {} failed: {}", path.display(), String::from_utf8_lossy(&o.stderr));
-            }
-            o.stdout
-        } else {
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?
-        };
+        let raw = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let signed = signer.sign_module(&raw, dest).with_context(|| format!("signing {name}"))?;
-        let plain = name.trim_end_matches(".xz");
-        let out = dest.join(plain);
-        std::fs::write(&out, signed)?;
-        let st = Command::new("xz")
-            .args(["-f", "--check=crc32", "--lzma2=dict=1MiB"])
-            .arg(&out)
-            .status()
-            .context("running xz")?;
-        if !st.success() {
-            bail!("xz {} failed: {st}", out.display());
-        }
+        std::fs::write(dest.join(name), signed).with_context(|| format!("writing the signed {name}"))?;
     }
     Ok(())
 }

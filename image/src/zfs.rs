@@ -172,6 +172,51 @@ pub fn ensure(cache: &Cache, v: &Versions, locked: &[LockedPackage], epoch: u64)
     Ok(Module { dir, built: true, build_root })
 }
 
+/// The sections holding a module's ftrace call sites (and their relocations). Debian's kernel
+/// checks each call site against the module's symbols when it loads (`ftrace_module_enable` →
+/// `test_for_valid_rec` → `kallsyms_lookup`, a linear scan of ~23,000 symbols per site). For
+/// zfs.ko's ~6,600 sites that was 3.1 s of a 5 s `modprobe zfs` under TCG, on the critical path
+/// of every boot. The call sites themselves are already NOPs (objtool `--mnop`), so without the
+/// records the code is the same and ZFS's functions are simply not traceable with ftrace
+/// (kprobes and BPF still are).
+pub const FTRACE_SECTIONS: [&str; 2] = ["__mcount_loc", ".rela__mcount_loc"];
+
+/// What [`prepare`] does to the built modules, for the keys of the stages that use them.
+pub const PREPARED: &str = "zfs modules: uncompressed, without __mcount_loc";
+
+/// Writes the cached modules into `dest` as the image carries them: uncompressed (EROFS
+/// compresses the tree; a compressed module would be decompressed at every load) and without
+/// their ftrace call-site records ([`FTRACE_SECTIONS`]). Returns the names written.
+pub fn prepare(from: &Path, dest: &Path) -> anyhow::Result<Vec<String>> {
+    std::fs::create_dir_all(dest)?;
+    let mut written = Vec::new();
+    for name in modules_in(from) {
+        let plain = name.trim_end_matches(".xz").to_string();
+        let out = dest.join(&plain);
+        let _ = std::fs::remove_file(&out);
+        if name.ends_with(".xz") {
+            let o =
+                std::process::Command::new("xz").arg("-dc").arg(from.join(&name)).output().context("running xz -dc")?;
+            if !o.status.success() {
+                bail!("xz -dc {} failed: {}", from.join(&name).display(), String::from_utf8_lossy(&o.stderr));
+            }
+            std::fs::write(&out, o.stdout).with_context(|| format!("writing {}", out.display()))?;
+        } else {
+            std::fs::copy(from.join(&name), &out).with_context(|| format!("copying {name}"))?;
+        }
+        let mut objcopy = std::process::Command::new("objcopy");
+        for s in FTRACE_SECTIONS {
+            objcopy.arg(format!("--remove-section={s}"));
+        }
+        let o = objcopy.arg(&out).output().context("running objcopy")?;
+        if !o.status.success() {
+            bail!("objcopy on {} failed: {}", out.display(), String::from_utf8_lossy(&o.stderr));
+        }
+        written.push(plain);
+    }
+    Ok(written)
+}
+
 /// Copies the built modules into a root tree and records them in its module index.
 pub fn install(modules: &Path, root: &Path, kernel_release: &str) -> anyhow::Result<()> {
     let dest = root.join("usr/lib/modules").join(kernel_release).join("updates/dkms");
