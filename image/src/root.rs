@@ -85,6 +85,9 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
     );
     write(tree, paths::OS_RELEASE, release.as_bytes(), 0o644)?;
     write(tree, paths::BAY_RULES, nasos_board::plan::udev::bay_rules(&plan.bays).as_bytes(), 0o644)?;
+    for (rules, why) in paths::MASKED_UDEV_RULES {
+        write(tree, rules, format!("# {why}\n").as_bytes(), 0o644)?;
+    }
     // Written whatever the plan: a box with no links loads none, and the file shows what it would.
     write(tree, paths::FIREWALL_RULES, nasos_board::plan::firewall::ruleset(plan).as_bytes(), 0o644)?;
     write(tree, paths::WATCHDOG_MODPROBE, paths::WATCHDOG_MODPROBE_OPTIONS.as_bytes(), 0o644)?;

@@ -420,6 +420,12 @@ fn nasctl_reports() {
         let bless_done = |s: &str| s.lines().any(|l| l.starts_with("bless") && l.contains("done"));
         let services = poll_until(vm, "nasctl services", bless_done, Duration::from_secs(30));
         assert!(bless_done(&services), "{services}");
+        // ZFS's udev rules that ran a program for every drive and partition are masked (they
+        // held up the naming of the bays at boot); udev still names the bays.
+        let rules =
+            ok(vm, "udevadm test /sys/class/block/$(basename $(readlink -f /dev/disk/by-bay/BAY01-part1)) 2>&1");
+        assert!(rules.contains("disk/by-bay/BAY01-part1"), "{rules}");
+        assert!(!rules.contains("vdev_id") && !rules.contains("modprobe zfs"), "{rules}");
     });
 }
 
