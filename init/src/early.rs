@@ -124,19 +124,140 @@ fn bay_named(dir: &Path, sys_block: &Path, bay: &str) -> bool {
     })
 }
 
-/// Waits until udev has named every bay of the plan and its partitions, at most `wait`.
-/// Returns the bays present. Empty bays are not an error: they just take the wait. It polls
-/// the links rather than waiting for udev's whole queue to settle: other module sets load side
-/// by side, and their devices' events are not the bays' business.
+/// Waits until every bay of the plan and its partitions are named, at most `wait`. Returns the
+/// bays present. Empty bays are not an error: they just take the wait.
+///
+/// udev names the bays (the plan's rules), and keeps the names right across hot-plug. At boot
+/// its queue is long (every module set's devices, side by side) and slow (a worker per event;
+/// under TCG, 36 drive events took udev 3.5 to 11 s, and at boot one bay was still unnamed after
+/// 15 s), so this names the present bays itself from sysfs, with the same match and the same
+/// links ([`name_bays`]); udev makes the same links again when it gets to the drives' events.
 pub fn wait_for_bays(bays: &[BayPlan], wait: std::time::Duration) -> Vec<String> {
     let t = std::time::Instant::now();
+    let mut opened = std::collections::BTreeSet::new();
     loop {
+        name_bays(Path::new(BAY_DIR), Path::new(SYS_CLASS_BLOCK), Path::new("/dev"), bays, &mut opened);
         let present = present_bays(Path::new(BAY_DIR), Path::new(SYS_CLASS_BLOCK), bays);
         if present.len() == bays.len() || t.elapsed() >= wait {
             return present;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// Maps bays to NVMe namespaces (`nvme3n1`) by controller serial or PCI address, from sysfs
+/// (`sys_block` is normally `/sys/class/block`): the match of the plan's udev rules. Kernel
+/// numbering is never trusted: it does not follow bay order.
+pub fn find_bays(sys_block: &Path, bays: &[BayPlan]) -> Vec<(String, String)> {
+    let Ok(entries) = fs::read_dir(sys_block) else { return Vec::new() };
+    let mut disks: Vec<(String, Option<String>, Vec<String>)> = Vec::new();
+    for e in entries.flatten() {
+        let dev = e.file_name().to_string_lossy().into_owned();
+        if !is_namespace(&dev) {
+            continue;
+        }
+        let device = e.path().join("device");
+        let serial = read_trim(&device.join("serial"));
+        let mut addresses: Vec<String> = read_trim(&device.join("address")).into_iter().collect();
+        // With native multipath, `device` is the subsystem; its controllers carry the addresses.
+        for ctrl in fs::read_dir(&device).into_iter().flatten().flatten() {
+            let name = ctrl.file_name().to_string_lossy().into_owned();
+            if name.strip_prefix("nvme").is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())) {
+                addresses.extend(read_trim(&ctrl.path().join("address")));
+            }
+        }
+        disks.push((dev, serial, addresses));
+    }
+    disks.sort();
+    let mut out = Vec::new();
+    for bay in bays {
+        let hit = disks.iter().find(|(_, serial, addrs)| {
+            bay.matcher.serial.as_ref().is_some_and(|s| serial.as_ref() == Some(s))
+                || bay.matcher.pci.as_ref().is_some_and(|p| addrs.contains(p))
+        });
+        if let Some((dev, _, _)) = hit {
+            out.push((bay.name.clone(), dev.clone()));
+        }
+    }
+    out
+}
+
+/// A whole namespace (`nvme0n1`): not a partition (`nvme0n1p1`), not a multipath path
+/// (`nvme0c1n1`).
+fn is_namespace(dev: &str) -> bool {
+    let Some(rest) = dev.strip_prefix("nvme") else { return false };
+    let Some((ctrl, ns)) = rest.split_once('n') else { return false };
+    !ctrl.is_empty()
+        && ctrl.chars().all(|c| c.is_ascii_digit())
+        && !ns.is_empty()
+        && ns.chars().all(|c| c.is_ascii_digit())
+}
+
+/// The partitions of a block device, as sysfs lists them: (number, device name).
+pub fn partitions(sys_block: &Path, dev: &str) -> Vec<(u32, String)> {
+    let mut out: Vec<(u32, String)> = fs::read_dir(sys_block.join(dev))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = read_trim(&e.path().join("partition"))?.parse().ok()?;
+            Some((n, e.file_name().to_string_lossy().into_owned()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Makes `dir/BAYnn` and `dir/BAYnn-partN` for every bay whose drive sysfs shows, as the plan's
+/// udev rules name them; a link already right is left alone, a wrong one replaced atomically.
+/// Returns the bays named.
+///
+/// A new disk is in sysfs before the kernel has scanned its partitions, and an open waits for a
+/// scan under way (the disk's open mutex). So a drive is named only when it was opened in an
+/// earlier round too (`opened` keeps them, a round is ~100 ms): by the later open its scan has
+/// begun, and that open returns once the scan is done; the partitions listed then are all.
+pub fn name_bays(
+    dir: &Path,
+    sys_block: &Path,
+    dev_dir: &Path,
+    bays: &[BayPlan],
+    opened: &mut std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let _ = fs::create_dir_all(dir);
+    let mut named = Vec::new();
+    for (bay, dev) in find_bays(sys_block, bays) {
+        // Read-only, not exclusive: ZFS may have it open already, and that is fine.
+        if fs::File::open(dev_dir.join(&dev)).is_err() {
+            opened.remove(&dev);
+            continue;
+        }
+        if opened.insert(dev.clone()) {
+            continue;
+        }
+        let mut links = vec![(bay.clone(), dev.clone())];
+        links.extend(partitions(sys_block, &dev).into_iter().map(|(n, part)| (format!("{bay}-part{n}"), part)));
+        if links.iter().all(|(name, target)| link(dir, name, &dev_dir.join(target)).is_ok()) {
+            named.push(bay);
+        }
+    }
+    named
+}
+
+/// `dir/name` → `target`, unless it points there already; replaced by a rename, so a reader never
+/// finds the name missing.
+fn link(dir: &Path, name: &str, target: &Path) -> std::io::Result<()> {
+    let path = dir.join(name);
+    if fs::canonicalize(&path).ok().as_deref() == fs::canonicalize(target).ok().as_deref() && path.exists() {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(".{name}.nasinit"));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)?;
+    fs::rename(&tmp, &path)
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 /// Where the kernel lists block devices and their partitions.
@@ -196,6 +317,90 @@ mod tests {
         assert_eq!(present_bays(&dir, &sys, &bays), vec!["BAY02".to_string()]);
         link("nvme2n1p1", "BAY04-part1");
         assert_eq!(present_bays(&dir, &sys, &bays), vec!["BAY02".to_string(), "BAY04".to_string()]);
+        fs::remove_dir_all(&root).expect("cleanup");
+    }
+
+    /// A fake /sys/class/block: `dev` with files under its `device` link's target (a directory
+    /// here) and its partitions as subdirectories holding `partition`.
+    fn sys_disk(sys: &Path, dev: &str, files: &[(&str, &str)], parts: &[u32]) {
+        let d = sys.join(dev).join("device");
+        fs::create_dir_all(&d).expect("dir");
+        for (rel, text) in files {
+            let p = d.join(rel);
+            fs::create_dir_all(p.parent().expect("parent")).expect("dir");
+            fs::write(p, text).expect("write");
+        }
+        for n in parts {
+            let p = sys.join(dev).join(format!("{dev}p{n}"));
+            fs::create_dir_all(&p).expect("dir");
+            fs::write(p.join("partition"), format!("{n}\n")).expect("write");
+        }
+    }
+
+    #[test]
+    fn bays_are_found_by_serial_and_by_pci_address_not_by_kernel_order() {
+        let sys = std::env::temp_dir().join(format!("nasinit-sys-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&sys);
+        // Kernel order deliberately differs from bay order.
+        sys_disk(&sys, "nvme0n1", &[("serial", "BAY02  \n"), ("address", "0000:42:00.0\n")], &[]);
+        sys_disk(&sys, "nvme1n1", &[("serial", "BAY01\n"), ("address", "0000:41:00.0\n")], &[]);
+        // Native multipath: the head's device is the subsystem; the address is on its controller.
+        sys_disk(&sys, "nvme2n1", &[("serial", "S5XYZ\n"), ("nvme3/address", "0000:43:00.0\n")], &[]);
+        // Neither a partition nor a multipath path is a drive of its own.
+        sys_disk(&sys, "nvme1n1p1", &[("serial", "BAY01\n")], &[]);
+        sys_disk(&sys, "nvme2c2n1", &[("serial", "S5XYZ\n")], &[]);
+        let bays = [
+            bay("BAY01", Some("BAY01"), None),
+            bay("BAY02", Some("BAY02"), None),
+            bay("BAY03", None, Some("0000:43:00.0")),
+            bay("BAY04", Some("BAY04"), None),
+        ];
+        assert_eq!(
+            find_bays(&sys, &bays),
+            vec![
+                ("BAY01".to_string(), "nvme1n1".to_string()),
+                ("BAY02".to_string(), "nvme0n1".to_string()),
+                ("BAY03".to_string(), "nvme2n1".to_string()),
+            ]
+        );
+        fs::remove_dir_all(&sys).expect("cleanup");
+    }
+
+    #[test]
+    fn nasinit_names_present_bays_and_their_partitions_as_udev_would() {
+        let root = std::env::temp_dir().join(format!("nasinit-name-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let (dir, dev, sys) = (root.join("by-bay"), root.join("dev"), root.join("sys"));
+        fs::create_dir_all(&dev).expect("dir");
+        for d in ["nvme0n1", "nvme0n1p1", "nvme0n1p9", "nvme1n1", "nvme5n1"] {
+            fs::write(dev.join(d), b"").expect("node");
+        }
+        sys_disk(&sys, "nvme0n1", &[("serial", "BAY02\n")], &[1, 9]);
+        sys_disk(&sys, "nvme1n1", &[("serial", "BAY01\n")], &[]);
+        // In sysfs, but its node is not there yet: not named this round.
+        sys_disk(&sys, "nvme2n1", &[("serial", "BAY03\n")], &[]);
+        let bays =
+            [bay("BAY01", Some("BAY01"), None), bay("BAY02", Some("BAY02"), None), bay("BAY03", Some("BAY03"), None)];
+        // A link left from a drive that was in BAY01 before is replaced.
+        fs::create_dir_all(&dir).expect("dir");
+        std::os::unix::fs::symlink(dev.join("nvme5n1"), dir.join("BAY01")).expect("link");
+        let mut opened = std::collections::BTreeSet::new();
+        // The first round only opens the drives; the next names them.
+        assert!(name_bays(&dir, &sys, &dev, &bays, &mut opened).is_empty());
+        assert_eq!(fs::read_link(dir.join("BAY01")).expect("left as it was"), dev.join("nvme5n1"));
+        assert_eq!(name_bays(&dir, &sys, &dev, &bays, &mut opened), vec!["BAY01".to_string(), "BAY02".to_string()]);
+        let target = |n: &str| fs::read_link(dir.join(n)).expect(n);
+        assert_eq!(target("BAY01"), dev.join("nvme1n1"));
+        assert_eq!(target("BAY02"), dev.join("nvme0n1"));
+        assert_eq!(target("BAY02-part1"), dev.join("nvme0n1p1"));
+        assert_eq!(target("BAY02-part9"), dev.join("nvme0n1p9"));
+        assert!(!dir.join("BAY03").exists());
+        assert_eq!(present_bays(&dir, &sys, &bays), vec!["BAY01".to_string(), "BAY02".to_string()]);
+        // Again: nothing to change, and no temporary links left behind.
+        assert_eq!(name_bays(&dir, &sys, &dev, &bays, &mut opened).len(), 2);
+        let names: Vec<String> =
+            fs::read_dir(&dir).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
         fs::remove_dir_all(&root).expect("cleanup");
     }
 }
