@@ -535,14 +535,15 @@ impl Vm {
         Ok(())
     }
 
-    /// Pulls the drive out of bay `n` (1-based), as a hand does: the NVMe controller goes away
-    /// without the guest being asked.
     /// Pulls (`up` false) or puts back the cable of the VM's `n`-th link (0 is the first).
     pub fn set_link(&self, n: u32, up: bool) -> anyhow::Result<()> {
         self.qmp("set_link", serde_json::json!({"name": format!("nic{n}"), "up": up}))?;
         Ok(())
     }
 
+    /// Pulls the drive out of bay `n` (1-based). QEMU has no surprise removal: `device_del` asks
+    /// the guest (the slot's attention button), which removes the driver while the controller is
+    /// still there; I/O still in flight on it fails, as on a pulled drive.
     pub fn pull_bay(&self, n: u32) -> anyhow::Result<()> {
         self.qmp("device_del", serde_json::json!({"id": format!("nvme{n}")}))?;
         Ok(())

@@ -983,6 +983,14 @@ fn replace_bay() {
         let status = poll_until(nas, "zpool status tank", done, Duration::from_secs(300));
         eprintln!("resilver onto a blank disk: {:.1}s", t.elapsed().as_secs_f64());
         assert!(done(&status), "{status}");
+        // No data lost through the pulls, the spares and the replaces. Should a run find some,
+        // what ZFS knows about it is kept before anything else touches the pool.
+        let errors = ok(nas, "zpool status -v tank | sed -n '/^errors:/,$p'");
+        if !errors.contains("No known data errors") {
+            let evidence = ok(nas, "zpool status -v tank; zpool events -v | tail -n 300; dmesg | tail -n 150");
+            let _ = std::fs::write(repo().join("build/e2e/datapath/data-errors.txt"), &evidence);
+            panic!("the pool reports data errors after the pulls and replaces:\n{evidence}");
+        }
         // Kept for the record: zpool's JSON right after a replace (it has left fields out before).
         let raw = ok(nas, "zpool status -j --json-int tank");
         let _ = std::fs::write(repo().join("build/e2e/datapath/zpool-status-after-replace.json"), raw);
