@@ -193,7 +193,6 @@ pub fn prepare(from: &Path, dest: &Path) -> anyhow::Result<Vec<String>> {
     for name in modules_in(from) {
         let plain = name.trim_end_matches(".xz").to_string();
         let out = dest.join(&plain);
-        let _ = std::fs::remove_file(&out);
         if name.ends_with(".xz") {
             let o =
                 std::process::Command::new("xz").arg("-dc").arg(from.join(&name)).output().context("running xz -dc")?;
