@@ -16,10 +16,12 @@ pub const EXPORT_ROOT: &str = "/export";
 pub const BAY_DIR: &str = "/dev/disk/by-bay";
 /// The udev rules that make them (written at build time from the plan).
 pub const BAY_RULES: &str = "/etc/udev/rules.d/61-nasos-bays.rules";
-/// ZFS's udev rules the image masks (a file of the same name in /etc/udev/rules.d), with why.
-/// Each ran a program for every NVMe disk and partition, and udev names the bays only after
-/// them: 36 block events took 11.4 s to settle under TCG with them, 3.5 s without.
-pub const MASKED_UDEV_RULES: [(&str, &str); 2] = [
+/// Packaged udev rules the image masks (a file of the same name in /etc/udev/rules.d), with why.
+/// Each ran a program for every drive, partition or block device for nothing the appliance uses:
+/// ZFS's, 36 block events took 11.4 s to settle under TCG with them, 3.5 s without; nfs-common's,
+/// 0.12 s of CPU per block device at every boot. And one that undid what nasos does: udev's
+/// interface naming.
+pub const MASKED_UDEV_RULES: [(&str, &str); 4] = [
     (
         "/etc/udev/rules.d/69-vdev.rules",
         "Masked by nasos: vdev_id names disks from /etc/zfs/vdev_id.conf, which the appliance does not \
@@ -29,6 +31,17 @@ pub const MASKED_UDEV_RULES: [(&str, &str); 2] = [
         "/etc/udev/rules.d/90-zfs.rules",
         "Masked by nasos: nasinit's modules-storage service loads zfs. This rule ran modprobe zfs for \
          every pool member, and while zfs was loading each run waited for the load, holding up udev.",
+    ),
+    (
+        "/etc/udev/rules.d/99-nfs.rules",
+        "Masked by nasos: nfsrahead sets the readahead of NFS client mounts, and the appliance mounts \
+         no NFS (it serves it). The rule ran the program for every block device's bdi.",
+    ),
+    (
+        "/etc/udev/rules.d/80-net-setup-link.rules",
+        "Masked by nasos: the fabric agent names the plan's links (by MAC or PCI address) and udev must \
+         not rename them back. Handling a NIC's add event after fabric had named it, udev renamed \
+         data0 to enp0s14 while it was up, and the link lost its soft-RoCE device.",
     ),
 ];
 /// The plan's nftables ruleset (written at build time, loaded by the `firewall` service).

@@ -129,36 +129,15 @@ fn apply_dcb(net: &Path, link: &str, fabric: &FabricPlan) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// How long a NIC may wait for udev to handle it.
-const UDEV_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Whether udev has handled interface `name`: its database has the entry for the interface's
-/// index (`/run/udev/data/nIFINDEX`). Waits up to [`UDEV_WAIT`].
-fn wait_for_udev(net: &Path, name: &str) -> bool {
-    let Ok(index) = std::fs::read_to_string(net.join(name).join("ifindex")) else { return false };
-    let db = Path::new("/run/udev/data").join(format!("n{}", index.trim()));
-    let deadline = std::time::Instant::now() + UDEV_WAIT;
-    while std::time::Instant::now() < deadline {
-        if db.exists() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    false
-}
-
 /// Finds the interface for a link, renames it, and configures it.
 fn bring_up(net: &Path, link: &LinkPlan) -> anyhow::Result<()> {
     let found = || {
         find_interface(net, link)
             .with_context(|| format!("no interface matches link {} (port {})", link.name, link.port))
     };
-    // udev renames a new NIC by its naming policy when it handles the NIC's add event. Renamed
-    // before that, the NIC loses its link name again once udev gets to the event (seen with three
-    // VMs booting on two cores): wait until udev has handled it, then find it again by address.
-    if !wait_for_udev(net, &found()?) {
-        say(format!("{}: udev has not handled the NIC after {UDEV_WAIT:?}; renaming it anyway", link.name));
-    }
+    // nasos alone names the links: the image masks udev's naming rule (80-net-setup-link.rules,
+    // see `paths::MASKED_UDEV_RULES`), so a NIC renamed here keeps its link name however late
+    // udev handles its add event, and bring-up does not wait for udev.
     let current = found()?;
     if current != link.name {
         run("ip", &["link", "set", "dev", &current, "down"])?;
@@ -178,17 +157,21 @@ fn bring_up(net: &Path, link: &LinkPlan) -> anyhow::Result<()> {
         }
     }
     say(format!("{}: up, mtu {}, {}", link.name, link.mtu, link.addresses.join(" ")));
-    // Negotiation takes a moment after the link comes up; a link still down reads as unknown.
-    let mut speed = None;
+    // Negotiation takes a moment after the link comes up, and the speed is known once the carrier
+    // is: wait for that (up to 2 s), not for a speed a virtual NIC never reports.
     for _ in 0..20 {
-        speed = read_speed(net, &link.name);
-        if speed.is_some() {
+        if carrier(net, &link.name) {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    say(speed_finding(link, speed));
+    say(speed_finding(link, read_speed(net, &link.name)));
     Ok(())
+}
+
+/// Whether the link has its carrier (the file reads "1"; a link that is down refuses the read).
+fn carrier(net: &Path, name: &str) -> bool {
+    std::fs::read_to_string(net.join(name).join("carrier")).is_ok_and(|c| c.trim() == "1")
 }
 
 /// The negotiated speed in Mb/s, `None` when the driver reports none (virtual NICs, link down).
