@@ -45,11 +45,6 @@ pub fn serve() -> anyhow::Result<()> {
     }
     let table = nfs.exports_table_of(|e| !off.contains(&e.dataset));
     std::fs::write("/etc/exports", table).context("writing /etc/exports")?;
-    // Grace and lease must be set before nfsd starts; the 90 s default delays first access.
-    std::fs::write(Path::new(NFSD_FS).join("nfsv4gracetime"), nfs.grace_seconds.to_string())
-        .context("setting the grace time")?;
-    std::fs::write(Path::new(NFSD_FS).join("nfsv4leasetime"), nfs.lease_seconds.to_string())
-        .context("setting the lease time")?;
     let mut daemons: Vec<Child> = Vec::new();
     if nfs.rpcbind {
         daemons.push(Command::new("rpcbind").args(["-f", "-w"]).spawn().context("starting rpcbind")?);
@@ -282,6 +277,7 @@ fn start_nfsd(nfs: &NfsPlan, addresses: &[String]) -> anyhow::Result<()> {
         say(format!("nfsd was running with other listeners ({}): restarting it", have.join(", ")));
         run("rpc.nfsd", &["0"]).context("stopping nfsd")?;
     }
+    set_times(nfs)?;
     let versions = version_args(nfs);
     run("nfsdctl", &versions.iter().map(String::as_str).collect::<Vec<_>>()).context("nfsdctl version")?;
     let mut args = vec!["listener".to_string()];
@@ -298,6 +294,25 @@ fn start_nfsd(nfs: &NfsPlan, addresses: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sets the grace and lease times of a server about to start (the 90 s default grace delays
+/// first access). The kernel takes them only while no nfsd server exists: a start that failed
+/// half-way (a listener nfsd could not bind) leaves one with listeners and no threads, and every
+/// later start would fail on it with EBUSY. That one is cleared first.
+fn set_times(nfs: &NfsPlan) -> anyhow::Result<()> {
+    let write = || -> std::io::Result<()> {
+        std::fs::write(Path::new(NFSD_FS).join("nfsv4gracetime"), nfs.grace_seconds.to_string())?;
+        std::fs::write(Path::new(NFSD_FS).join("nfsv4leasetime"), nfs.lease_seconds.to_string())
+    };
+    match write() {
+        Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) && nfsd::threads() == 0 => {
+            say("nfsd has a server with no threads, left by a start that failed: clearing it");
+            run("rpc.nfsd", &["0"]).context("clearing nfsd")?;
+            write().context("setting the grace and lease times")
+        }
+        r => r.context("setting the grace and lease times"),
+    }
+}
+
 /// `nfsdctl version` arguments: each version on or off as the plan says.
 fn version_args(nfs: &NfsPlan) -> Vec<String> {
     let mut args = vec!["version".to_string()];
@@ -310,6 +325,9 @@ fn version_args(nfs: &NfsPlan) -> Vec<String> {
 
 /// rpc.nfsd's way: every address, TCP first, then the RDMA listener through portlist.
 fn start_nfsd_everywhere(nfs: &NfsPlan) -> anyhow::Result<()> {
+    if nfsd::threads() == 0 {
+        set_times(nfs)?;
+    }
     let mut args: Vec<String> = Vec::new();
     for v in ["3", "4.0", "4.1", "4.2"] {
         let on = nfs.versions.iter().any(|x| x.as_str() == v);
