@@ -147,7 +147,13 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<bool> {
         return Ok(true);
     }
     // Import by bay paths only: kernel nvme numbering does not follow bays.
-    match Tool::new("zpool").args(["import", "-N", "-d", BAY_DIR, &pool.name]).timeout(POOL_TIMEOUT).run() {
+    // libzfs waits for udev to finish each device it finds (up to 30 s apiece) so that the other
+    // paths a label names appear; the import needs only the bay paths, which nasinit made.
+    let import = Tool::new("zpool")
+        .args(["import", "-N", "-d", BAY_DIR, &pool.name])
+        .env("ZPOOL_IMPORT_UDEV_TIMEOUT_MS", "0")
+        .timeout(POOL_TIMEOUT);
+    match import.run() {
         Ok(_) => {
             let _ = run("zfs", &["mount", "-a"]);
             say(format!("{}: imported from its bays", pool.name));
