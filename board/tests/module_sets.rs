@@ -1,7 +1,7 @@
 //! The module sets each shipped recipe gets: storage waits for its drives' driver and zfs, not
-//! for nfsd or the NIC's; the sets off the storage path yield the CPU, and what serving does not
-//! need loads after it; a box that boots from
-//! NVMe replays the drives' events (their driver loaded before udevd ran).
+//! for nfsd or the NIC's; the sets serving needs load as equals, and what serving does not need
+//! (the late set, zed, the snapshot agent) starts after it; a box that boots from NVMe replays
+//! the drives' events (their driver loaded before udevd ran).
 
 use std::path::Path;
 
@@ -34,8 +34,8 @@ fn storage_starts_once_its_own_drivers_are_in() {
         [
             "modules: virtio_net virtio_pci i6300esb vfat bays=false replay=false nice=0",
             "modules-storage: nvme zfs bays=true replay=false nice=0",
-            "modules-net: rdma_rxe ib_uverbs rdma_ucm nf_tables nft_ct bays=false replay=false nice=10",
-            "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false nice=10",
+            "modules-net: rdma_rxe ib_uverbs rdma_ucm nf_tables nft_ct bays=false replay=false nice=0",
+            "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false nice=0",
             "modules-late: xhci_pci bays=false replay=false nice=19",
         ]
     );
@@ -45,6 +45,9 @@ fn storage_starts_once_its_own_drivers_are_in() {
     // The USB controller loads once the box serves, and nothing on the way waits for it.
     assert_eq!(after(&p, "modules-late"), ["udev", "storage", "nfs"]);
     assert!(p.services.iter().all(|s| !s.after.iter().any(|a| a == "modules-late")));
+    // zed's and the snapshot agent's first rounds start once nfs serves, not beside its start.
+    assert_eq!(after(&p, "zed"), ["storage", "nfs"]);
+    assert_eq!(after(&p, "snapshots"), ["storage", "nfs"]);
     // Every module the image keeps is in exactly one set.
     let flat: Vec<&String> = p.kernel.module_sets.iter().flat_map(|s| &s.modules).collect();
     assert_eq!(flat, p.kernel.modules.iter().collect::<Vec<_>>());

@@ -95,6 +95,22 @@ pub fn writable_overlays(console: &Console) {
     }
 }
 
+/// Turns off the kernel's autogroup scheduling. With it (Debian's default), every session shares
+/// the CPU equally with every other, and nasinit starts each service in its own session: a
+/// service's niceness then counted only against itself, and udev's rules at nice 19 took as
+/// much CPU as zfs's load on the way to serving. Without it, niceness is what the plan says.
+pub fn scheduler_without_autogroups(console: &Console) {
+    let knob = "/proc/sys/kernel/sched_autogroup_enabled";
+    match std::fs::write(knob, "0") {
+        Ok(()) => {}
+        // A kernel built without autogroups shares the CPU by niceness already.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            console.say(&format!("cannot turn off autogroup scheduling ({knob}: {e}); service niceness is weaker"))
+        }
+    }
+}
+
 pub fn set_hostname(name: &str, console: &Console) {
     if let Err(e) = nix::unistd::sethostname(name) {
         console.say(&format!("cannot set hostname {name}: {e}"));

@@ -127,8 +127,8 @@ pub struct ModuleSet {
     /// driver loads in this set and udev sees each drive appear; nothing else needs replaying
     /// (a full coldplug costs seconds of udev work under emulation, for no rule the box uses).
     pub replay_drives: bool,
-    /// The niceness its modprobes run at: module init is CPU work, and the sets off the
-    /// storage path (the longest one to serving: drives, zfs, import) yield the CPU to it.
+    /// The niceness its modprobes run at: module init is CPU work, and the late set (nothing
+    /// serving needs) yields the CPU to everything else.
     pub nice: i8,
 }
 

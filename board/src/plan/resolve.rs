@@ -72,7 +72,10 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     let boot_drivers: &[&str] =
         if b.boot.matcher.virtio_serial.is_some() { &["virtio_pci", "virtio_blk"] } else { &["nvme"] };
     let mut initramfs_modules: Vec<String> = boot_drivers.iter().map(|s| s.to_string()).collect();
-    initramfs_modules.extend(["dm-mod", "dm-verity", "erofs"].map(String::from));
+    // sha256_ssse3 first: dm-verity takes the best sha256 registered when the root's table is
+    // made, and without it that is sha256-generic; with it, the CPU's SHA or AVX2 instructions
+    // hash every block the boot reads.
+    initramfs_modules.extend(["sha256_ssse3", "dm-mod", "dm-verity", "erofs"].map(String::from));
     // Each module lands in the set of the first service that needs it; the base set (`modules`)
     // holds what the board and the box itself need, and every service starts after it.
     let mut sets = ModuleSets::default();
@@ -549,11 +552,10 @@ impl ModuleSets {
         sets.into_iter()
             .map(|(service, modules)| {
                 let bays = wait_bays && modules.iter().any(|m| m == "nvme");
-                let nice = match service {
-                    MODULES_NET | MODULES_NFS => 10,
-                    MODULES_LATE => 19,
-                    _ => 0,
-                };
+                // Every set but the late one is on the way to serving (storage needs zfs, fabric
+                // the NIC's and RDMA's modules, nfs nfsd's), so they share the CPU as equals.
+                // Niced, the net and nfs sets finished 10 s after the others, and serving waited.
+                let nice = if service == MODULES_LATE { 19 } else { 0 };
                 ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays && drives_early, nice }
             })
             .collect()

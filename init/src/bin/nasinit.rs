@@ -160,6 +160,7 @@ fn pid1(t0: Instant) -> ! {
         }
     };
     early::set_hostname(&plan.image.hostname, &console);
+    early::scheduler_without_autogroups(&console);
     let cgroups = match CgroupRoot::at(std::path::Path::new("/sys/fs/cgroup")) {
         Ok(c) => Some(c),
         Err(e) => {
