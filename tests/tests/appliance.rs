@@ -52,6 +52,7 @@ fn main() -> ExitCode {
     s.check("boot::reaches_ready_through_the_verified_root", boot_ready);
     s.check("boot::nasctl_reports_a_ready_appliance", nasctl_reports);
     s.check("boot::services_say_what_the_twin_board_cannot_apply", services_say);
+    s.check("boot::nfs_starts_over_a_server_a_failed_start_left", nfs_after_a_half_start);
     s.check("boot::a_reboot_skips_the_firmware", fast_reboot);
     s.check("liveness::the_watchdog_resets_a_frozen_pid1", watchdog_resets_a_frozen_pid1);
     s.check("liveness::a_kernel_panic_is_recorded_from_pstore", kernel_panic);
@@ -426,6 +427,37 @@ fn nasctl_reports() {
             ok(vm, "udevadm test /sys/class/block/$(basename $(readlink -f /dev/disk/by-bay/BAY01-part1)) 2>&1");
         assert!(rules.contains("disk/by-bay/BAY01-part1"), "{rules}");
         assert!(!rules.contains("vdev_id") && !rules.contains("modprobe zfs"), "{rules}");
+        // nfs-common's readahead program for NFS client mounts no longer runs for every disk.
+        let bdi = ok(
+            vm,
+            "udevadm test /sys/class/bdi/$(cat /sys/class/block/$(basename $(readlink -f /dev/disk/by-bay/BAY01))/dev) 2>&1",
+        );
+        assert!(bdi.contains("Properties:") && !bdi.contains("nfsrahead"), "{bdi}");
+        // udev never renames a link fabric named, however late it handles the NIC's add event
+        // (it renamed data0 to enp0s14 while up, and RDMA lost its device).
+        ok(vm, "udevadm trigger --action=add /sys/class/net/data0 && udevadm settle");
+        let link = ok(vm, "ip -br link show data0 && rdma link show");
+        assert!(link.contains("data0") && link.contains("rxe_data0"), "{link}");
+        // Service niceness counts: nasinit turned off the kernel's per-session CPU sharing.
+        assert_eq!(ok(vm, "cat /proc/sys/kernel/sched_autogroup_enabled").trim(), "0");
+    });
+}
+
+/// A start of the nfs service that failed half-way (a listener nfsd could not bind) leaves an
+/// nfsd server with listeners and no threads, on which the kernel refuses the grace time
+/// (EBUSY): the next start clears it instead of failing on it until its restarts are used up.
+fn nfs_after_a_half_start() {
+    DEV.with(|vm| {
+        ok(vm, "nasctl stop nfs && nfsdctl listener +tcp:10.77.0.1:2049");
+        let left = ok(vm, "cat /proc/fs/nfsd/threads /proc/fs/nfsd/portlist");
+        assert_eq!(left.split_whitespace().collect::<Vec<_>>(), ["0", "tcp", "2049"], "{left}");
+        ok(vm, "nasctl start nfs");
+        let serving = |s: &str| s.lines().any(|l| l.starts_with("nfs ") && l.contains("running"));
+        let services = poll_until(vm, "nasctl services", serving, Duration::from_secs(60));
+        assert!(serving(&services), "{services}");
+        let log = ok(vm, "nasctl logs nfs | tail -n 5");
+        assert!(log.contains("nfsd has a server with no threads, left by a start that failed: clearing it"), "{log}");
+        assert!(log.contains("nfsd listening: rdma 10.77.0.1:20049, tcp 10.77.0.1:2049"), "{log}");
     });
 }
 
