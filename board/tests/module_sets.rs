@@ -1,7 +1,8 @@
 //! The module sets each shipped recipe gets: storage waits for its drives' driver and zfs, not
-//! for nfsd or the NIC's; the sets serving needs load as equals, and what serving does not need
-//! (the late set, zed, the snapshot agent) starts after it; a box that boots from NVMe replays
-//! the drives' events (their driver loaded before udevd ran).
+//! for nfsd or the NIC's; the sets serving needs load as equals, and the late set (nothing
+//! serving needs) loads after it; zed and the snapshot agent start with the pool, not after
+//! serving; a box that boots from NVMe replays the drives' events (their driver loaded before
+//! udevd ran).
 
 use std::path::Path;
 
@@ -45,9 +46,10 @@ fn storage_starts_once_its_own_drivers_are_in() {
     // The USB controller loads once the box serves, and nothing on the way waits for it.
     assert_eq!(after(&p, "modules-late"), ["udev", "storage", "nfs"]);
     assert!(p.services.iter().all(|s| !s.after.iter().any(|a| a == "modules-late")));
-    // zed's and the snapshot agent's first rounds start once nfs serves, not beside its start.
-    assert_eq!(after(&p, "zed"), ["storage", "nfs"]);
-    assert_eq!(after(&p, "snapshots"), ["storage", "nfs"]);
+    // Protecting the data does not wait for serving: zed and the snapshot agent start with the
+    // pool, whatever becomes of nfs.
+    assert_eq!(after(&p, "zed"), ["storage"]);
+    assert_eq!(after(&p, "snapshots"), ["storage"]);
     // Every module the image keeps is in exactly one set.
     let flat: Vec<&String> = p.kernel.module_sets.iter().flat_map(|s| &s.modules).collect();
     assert_eq!(flat, p.kernel.modules.iter().collect::<Vec<_>>());

@@ -170,20 +170,16 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
             Some(agents::STORAGE.command("export")),
             &[MODULES, MODULES_STORAGE],
         );
+        // ZFS's event daemon: it marks a pulled drive REMOVED from the hot-plug event itself
+        // (without it ZFS notices only at the next I/O to that drive), swaps in a hot spare for a
+        // faulted or removed member, and runs ZFS's own reactions to pool events. It and the
+        // snapshot and replication agents wait for storage only: ordered after nfs, they never
+        // started on a box whose NFS failed, and protecting the data must not depend on serving.
+        add("zed", vec![ZED.to_string(), "-F".into()], Readiness::Started, &daemon, None, &["storage"]);
     }
     if nfs {
         let after = [MODULES, MODULES_NFS, "storage", "fabric"];
         add("nfs", agents::NFS.command("serve"), Readiness::Notify, &daemon, None, &after);
-    }
-    // What follows is off the way to serving: it starts once nfs serves, so its first round of
-    // work (zed's scripts for the import's events, the first snapshot round) does not take the
-    // CPU from nfs's start. ("nfs" is dropped from `after` where the box has no NFS server.)
-    if storage {
-        // ZFS's event daemon: it marks a pulled drive REMOVED from the hot-plug event itself
-        // (without it ZFS notices only at the next I/O to that drive), swaps in a hot spare for a
-        // faulted or removed member, and runs ZFS's own reactions to pool events. The kernel
-        // keeps the events of the time before it starts, and zed reads them all.
-        add("zed", vec![ZED.to_string(), "-F".into()], Readiness::Started, &daemon, None, &["storage", "nfs"]);
     }
     if module_sets.contains(&MODULES_LATE) {
         add(MODULES_LATE, load(MODULES_LATE), Readiness::Exited, &modules_policy, None, &["udev", "storage", "nfs"]);
@@ -191,16 +187,16 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
     if storage && snapshots {
         // Takes and prunes the policies' snapshots; ready once it runs (the first round must not
         // hold up serving), restarted if it dies.
-        add("snapshots", agents::SNAPSHOTS.command("run"), Readiness::Started, &daemon, None, &["storage", "nfs"]);
+        add("snapshots", agents::SNAPSHOTS.command("run"), Readiness::Started, &daemon, None, &["storage"]);
     }
     if storage && network && receive {
         // OpenSSH's server, for peers only: their keys log in to a forced command that can do
         // nothing but receive into the datasets the recipe lets them write.
-        let after = ["firewall", "fabric", "storage", "nfs"];
+        let after = ["firewall", "fabric", "storage"];
         add("sshd", agents::REPLICATION.command("sshd"), Readiness::Started, &daemon, None, &after);
     }
     if storage && network && send {
-        let after = ["fabric", "storage", "nfs"];
+        let after = ["fabric", "storage"];
         add("replication", agents::REPLICATION.command("run"), Readiness::Started, &daemon, None, &after);
     }
     add(
