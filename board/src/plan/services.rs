@@ -173,8 +173,9 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
         // ZFS's event daemon: it marks a pulled drive REMOVED from the hot-plug event itself
         // (without it ZFS notices only at the next I/O to that drive), swaps in a hot spare for a
         // faulted or removed member, and runs ZFS's own reactions to pool events. It and the
-        // snapshot and replication agents wait for storage only: ordered after nfs, they never
-        // started on a box whose NFS failed, and protecting the data must not depend on serving.
+        // snapshot and replication agents wait for storage only: `after` is a requirement, so
+        // ordered after nfs they would never start on a box whose NFS failed, and protecting the
+        // data must not depend on serving.
         add("zed", vec![ZED.to_string(), "-F".into()], Readiness::Started, &daemon, None, &["storage"]);
     }
     if nfs {
