@@ -97,8 +97,8 @@ pub fn writable_overlays(console: &Console) {
 
 /// Turns off the kernel's autogroup scheduling. With it (Debian's default), every session shares
 /// the CPU equally with every other, and nasinit starts each service in its own session: a
-/// service's niceness then counted only against itself, and udev's rules at nice 19 took as
-/// much CPU as zfs's load on the way to serving. Without it, niceness is what the plan says.
+/// service's niceness then counted only against itself (a boot trace showed nice-19 work taking
+/// a fifth of the CPU beside zfs's load). Without it, niceness is what the plan says.
 pub fn scheduler_without_autogroups(console: &Console) {
     let knob = "/proc/sys/kernel/sched_autogroup_enabled";
     match std::fs::write(knob, "0") {
