@@ -85,6 +85,12 @@ pub fn assemble(rootfs_tar: &Path, tree: &Path, plan: &Plan, plan_json: &str, bi
     );
     write(tree, paths::OS_RELEASE, release.as_bytes(), 0o644)?;
     write(tree, paths::BAY_RULES, nasos_board::plan::udev::bay_rules(&plan.bays).as_bytes(), 0o644)?;
+    // Only where the storage agent runs, which creates the flag: without it blkid would never
+    // probe a drive.
+    if !plan.pools.is_empty() {
+        let rules = nasos_board::plan::udev::boot_rules(paths::IMPORT_DONE);
+        write(tree, paths::BOOT_UDEV_RULES, rules.as_bytes(), 0o644)?;
+    }
     for (rules, why) in paths::MASKED_UDEV_RULES {
         write(tree, rules, format!("# {why}\n").as_bytes(), 0o644)?;
     }

@@ -16,6 +16,13 @@ pub const EXPORT_ROOT: &str = "/export";
 pub const BAY_DIR: &str = "/dev/disk/by-bay";
 /// The udev rules that make them (written at build time from the plan).
 pub const BAY_RULES: &str = "/etc/udev/rules.d/61-nasos-bays.rules";
+/// Until this file exists udev gives NVMe drives only what the pool import needs (the by-id,
+/// by-path and by-bay names); then its full rules, blkid's probe of the disk and each partition
+/// included. The storage agent creates it once its imports are done. See [`BOOT_UDEV_RULES`].
+pub const IMPORT_DONE: &str = "/run/nasos/import-done";
+/// The rules that defer blkid's probe of the drives until the import is done (written at build
+/// time; before 60-persistent-storage.rules, whose flag they set).
+pub const BOOT_UDEV_RULES: &str = "/etc/udev/rules.d/59-nasos-boot.rules";
 /// Packaged udev rules the image masks (a file of the same name in /etc/udev/rules.d), with why.
 /// Each ran a program for every drive, partition or block device for nothing the appliance uses:
 /// ZFS's, 36 block events took 11.4 s to settle under TCG with them, 3.5 s without; nfs-common's,

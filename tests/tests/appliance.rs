@@ -427,6 +427,17 @@ fn nasctl_reports() {
             ok(vm, "udevadm test /sys/class/block/$(basename $(readlink -f /dev/disk/by-bay/BAY01-part1)) 2>&1");
         assert!(rules.contains("disk/by-bay/BAY01-part1"), "{rules}");
         assert!(!rules.contains("vdev_id") && !rules.contains("modprobe zfs"), "{rules}");
+        // While the pool was made and imported, udev skipped blkid's probe of the drives (the
+        // import waits for udev to finish each member): the disk has no partition table in
+        // udev's database. Then storage replayed the members' partitions, which now carry the
+        // vdev GUID zed matches a pulled drive by; and drives get the full rules from now on.
+        let disk = ok(vm, "udevadm info /dev/disk/by-bay/BAY01");
+        assert!(disk.contains("disk/by-id/nvme-") && !disk.contains("ID_PART_TABLE_TYPE="), "{disk}");
+        let guid = ok(vm, "zdb -l /dev/disk/by-bay/BAY01-part1 | awk '/^    guid:/ {print $2; exit}'");
+        let part = ok(vm, "udevadm info /dev/disk/by-bay/BAY01-part1");
+        assert!(!guid.trim().is_empty(), "no vdev GUID in BAY01's label");
+        assert!(part.contains(&format!("ID_FS_UUID_SUB={}", guid.trim())), "{part}");
+        assert!(rules.contains("ID_FS_TYPE=zfs_member"), "{rules}");
         // nfs-common's readahead program for NFS client mounts no longer runs for every disk.
         let bdi = ok(
             vm,

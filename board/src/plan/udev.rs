@@ -31,10 +31,43 @@ pub fn bay_rules(bays: &[BayPlan]) -> String {
     out
 }
 
+/// The rules file that defers blkid for NVMe drives until `probed` exists (the storage agent
+/// creates it once its imports are done). blkid reads a few dozen sectors of every drive and
+/// partition, one at a time, and libzfs's import waits for udev to finish each member's
+/// partition. What the import needs from udev stays: `ID_PATH`, the by-id and by-bay names.
+/// What waits: `ID_FS_*`/`ID_PART_*` and the by-uuid, by-label and by-partuuid names. zed
+/// needs one of them, the vdev GUID of a member's partition, to match a pulled drive: the
+/// storage agent replays the members' add events once the flag exists. Drives that come later
+/// get the full rules.
+pub fn boot_rules(probed: &str) -> String {
+    format!(
+        "# Written by nasos: until {probed} exists (the pools are imported), NVMe drives skip blkid's probe.\n\
+         ACTION==\"remove\", GOTO=\"nasos_boot_end\"\n\
+         SUBSYSTEM!=\"block\", GOTO=\"nasos_boot_end\"\n\
+         KERNEL!=\"nvme*\", GOTO=\"nasos_boot_end\"\n\
+         TEST==\"{probed}\", GOTO=\"nasos_boot_end\"\n\
+         ENV{{UDEV_DISABLE_PERSISTENT_STORAGE_BLKID_FLAG}}=\"1\"\n\
+         LABEL=\"nasos_boot_end\"\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::board::DeviceMatch;
+
+    #[test]
+    fn until_the_flag_exists_nvme_drives_skip_blkid_and_nothing_else_is_touched() {
+        let rules = boot_rules("/run/x/probed");
+        assert!(rules.contains("TEST==\"/run/x/probed\", GOTO=\"nasos_boot_end\"\n"), "{rules}");
+        assert!(rules.contains("KERNEL!=\"nvme*\", GOTO"), "{rules}");
+        assert!(rules.contains("ACTION==\"remove\", GOTO"), "{rules}");
+        // The one assignment, after every way out: the flag 60-persistent-storage.rules reads.
+        let assignments: Vec<&str> =
+            rules.lines().filter(|l| !l.starts_with('#') && !l.contains("GOTO") && !l.starts_with("LABEL")).collect();
+        assert_eq!(assignments, ["ENV{UDEV_DISABLE_PERSISTENT_STORAGE_BLKID_FLAG}=\"1\""]);
+        assert!(rules.trim_end().ends_with("LABEL=\"nasos_boot_end\""));
+    }
 
     #[test]
     fn each_bay_is_matched_by_its_serial_or_its_pci_address() {

@@ -11,7 +11,7 @@ use nasos_board::plan::PoolPlan;
 use nasos_board::recipe::CreatePolicy;
 use nasos_exec::blkid;
 use nasos_layout::agents;
-use nasos_layout::paths::{BAY_DIR, NASINIT};
+use nasos_layout::paths::{self, BAY_DIR, NASINIT};
 
 /// Creating or importing a pool of many disks can take minutes on a loaded box; longer than
 /// this, something is stuck.
@@ -30,9 +30,20 @@ pub fn up() -> anyhow::Result<()> {
     // A pool imported before this run (a restart of the service) may have datasets unmounted
     // since; one this run imported or made has just mounted them.
     let mut mount_all = false;
-    for pool in &plan.pools {
+    let imports: anyhow::Result<()> = plan.pools.iter().try_for_each(|pool| {
         mount_all |= ensure_pool(pool)?;
+        Ok(())
+    });
+    // The imports no longer wait on udev: drives (hot-plugged ones, a new pool's) get udev's full
+    // rules from now on, blkid's probe included. Done or failed, the attempt is over.
+    let flag = std::path::Path::new(paths::IMPORT_DONE);
+    let made = flag.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(flag, b""));
+    if let Err(e) = made {
+        say(format!("cannot create {}: {e}; udev keeps skipping blkid for new drives", paths::IMPORT_DONE));
+    } else {
+        probe_members(&plan.pools);
     }
+    imports?;
     // Every filesystem with the properties the plan sets, read in one `zfs get`: each zfs
     // process costs about 0.15 s on a one-vCPU TCG boot, and this is on the way to serving.
     let mut props: Vec<&str> = plan.datasets.iter().flat_map(|d| d.properties.keys().map(String::as_str)).collect();
@@ -214,6 +225,27 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<bool> {
     import_by_bay(&[&pool.name]).run().with_context(|| format!("re-importing {} by bay", pool.name))?;
     say(format!("{}: created on {} blank disks", pool.name, members.len()));
     Ok(false)
+}
+
+/// Replays the add events of the pools' member partitions, now that udev runs its full rules for
+/// drives: they were named without blkid's probe, and zed matches a pulled member by the vdev
+/// GUID blkid reads (libzfs records no devid for NVMe behind the kernel's native multipath).
+/// "add", not "change": zed skips a member that is healthy, but takes a change for a grown disk
+/// and reopens the pool. Not waited for: udev does it beside what follows.
+fn probe_members(pools: &[PoolPlan]) {
+    let parts: Vec<String> = pools
+        .iter()
+        .flat_map(|p| p.vdevs.iter().flat_map(|v| v.bays.iter()).chain(p.spares.iter()))
+        .filter_map(|bay| std::fs::canonicalize(format!("{BAY_DIR}/{bay}-part1")).ok())
+        .filter_map(|dev| dev.file_name().map(|n| format!("/sys/class/block/{}", n.to_string_lossy())))
+        .collect();
+    if parts.is_empty() {
+        return;
+    }
+    let replay = Tool::new("/usr/bin/udevadm").args(["trigger", "--action=add"]).args(&parts);
+    if let Err(e) = replay.timeout(Duration::from_secs(30)).run() {
+        say(format!("replaying the members' add events for blkid: {e:#}"));
+    }
 }
 
 /// `zpool import -d BAY_DIR ARGS`: by bay paths only (kernel nvme numbering does not follow
