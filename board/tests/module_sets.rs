@@ -35,9 +35,9 @@ fn storage_starts_once_its_own_drivers_are_in() {
         [
             "modules: virtio_net virtio_pci i6300esb vfat bays=false replay=false nice=0",
             "modules-storage: nvme zfs bays=true replay=false nice=0",
-            "modules-net: rdma_rxe ib_uverbs rdma_ucm nf_tables nft_ct bays=false replay=false nice=0",
+            "modules-net: rdma_rxe nf_tables nft_ct bays=false replay=false nice=0",
             "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false nice=0",
-            "modules-late: xhci_pci bays=false replay=false nice=19",
+            "modules-late: xhci_pci ib_uverbs rdma_ucm bays=false replay=false nice=19",
         ]
     );
     assert_eq!(after(&p, "storage"), ["modules", "modules-storage"]);
@@ -50,6 +50,17 @@ fn storage_starts_once_its_own_drivers_are_in() {
     // pool, whatever becomes of nfs.
     assert_eq!(after(&p, "zed"), ["storage"]);
     assert_eq!(after(&p, "snapshots"), ["storage"]);
+    // What serving waits for runs at full priority from the start; what it does not yields the
+    // CPU while the box boots.
+    let nice = |name: &str| p.services.iter().find(|s| s.name == name).map(|s| s.boot_nice);
+    for s in
+        ["udev", "modules", "modules-storage", "modules-net", "modules-nfs", "firewall", "fabric", "storage", "nfs"]
+    {
+        assert_eq!(nice(s), Some(0), "{s}");
+    }
+    for s in ["console", "zed", "snapshots", "replication", "health", "bless", "modules-late"] {
+        assert_eq!(nice(s), Some(19), "{s}");
+    }
     // Every module the image keeps is in exactly one set.
     let flat: Vec<&String> = p.kernel.module_sets.iter().flat_map(|s| &s.modules).collect();
     assert_eq!(flat, p.kernel.modules.iter().collect::<Vec<_>>());

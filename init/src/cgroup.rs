@@ -70,6 +70,16 @@ pub fn pids(cgroup: &Path) -> Vec<Pid> {
         .unwrap_or_default()
 }
 
+/// Sets the niceness of every thread in a cgroup (niceness is per thread on Linux, and a
+/// process's threads and children inherit their creator's).
+pub fn renice_all(cgroup: &Path, nice: i8) {
+    let threads = fs::read_to_string(cgroup.join("cgroup.threads")).unwrap_or_default();
+    for tid in threads.lines().filter_map(|l| l.trim().parse::<nix::libc::id_t>().ok()) {
+        // SAFETY: setpriority takes plain integers and touches no memory of ours.
+        unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid, nice.into()) };
+    }
+}
+
 /// Kills every process in a cgroup: `cgroup.kill` (Linux ≥ 5.14), else SIGKILL to each member.
 pub fn kill_all(cgroup: &Path) {
     if fs::write(cgroup.join("cgroup.kill"), "1").is_ok() {

@@ -83,6 +83,7 @@ mod tests {
             environment: Default::default(),
             user: None,
             working_directory: None,
+            boot_nice: 0,
         }
     }
 

@@ -24,6 +24,10 @@ pub const STABLE_AFTER: Duration = Duration::from_secs(10);
 /// After SIGKILL, how long to wait for the kernel before giving up on a process (one stuck in
 /// uninterruptible sleep cannot be waited for forever).
 pub const KILL_GRACE: Duration = Duration::from_secs(5);
+/// Services with a boot niceness run at it at most this long after nasinit starts, even if the
+/// services on the way to serving never all become ready (one that fails must not leave zed
+/// or the console starved for the rest of the boot).
+pub const BOOT_NICE_LIMIT: Duration = Duration::from_secs(60);
 /// How soon a readiness check that could not be started is tried again.
 pub const CHECK_RETRY: Duration = Duration::from_secs(1);
 
@@ -110,6 +114,9 @@ pub enum Action {
     BecameReady,
     /// The appliance was not ready by its boot deadline (once per boot).
     MissedReadyDeadline,
+    /// The boot is over for the services with a boot niceness: from now on they run at 0
+    /// (once per boot; see [`Core::boot_niced`]).
+    EndBootNice,
 }
 
 #[derive(Debug, Clone)]
@@ -149,6 +156,9 @@ pub struct Core {
     by_name: HashMap<String, usize>,
     pub t0: Instant,
     pub ready_at: Option<Instant>,
+    /// When every service without a boot niceness was first ready (or [`BOOT_NICE_LIMIT`]
+    /// passed): from then on nothing starts niced.
+    pub boot_over_at: Option<Instant>,
     announced_degraded: bool,
     pub shutdown: Option<ShutdownKind>,
     pub plan_error: Option<String>,
@@ -201,6 +211,7 @@ impl Core {
             by_name,
             t0,
             ready_at: None,
+            boot_over_at: None,
             announced_degraded: false,
             shutdown: None,
             plan_error,
@@ -222,13 +233,25 @@ impl Core {
         })
     }
 
+    /// The niceness `i` starts at: its boot niceness while the boot is not over, else 0.
+    pub fn boot_niced(&self, i: usize) -> i8 {
+        if self.boot_over_at.is_none() { self.services[i].spec.boot_nice } else { 0 }
+    }
+
     pub fn is_ready(&self, i: usize) -> bool {
         self.services[i].state.is_ready()
     }
 
     /// The earliest instant at which something is due, if anything is.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let ready = self.ready_deadline.filter(|_| self.ready_at.is_none() && !self.deadline_missed);
+        // Not during a shutdown: `deadline` ignores it then, and past due it would stay due (the
+        // loop would spin until the shutdown ends).
+        let ready =
+            self.ready_deadline.filter(|_| self.ready_at.is_none() && !self.deadline_missed && self.shutdown.is_none());
+        // Only while `check_overall` can still end it: past due otherwise, it would be due forever.
+        let boot_nice = (self.boot_over_at.is_none() && self.shutdown.is_none() && self.plan_error.is_none())
+            .then(|| self.t0 + BOOT_NICE_LIMIT);
+        let ready = ready.into_iter().chain(boot_nice).min();
         // Start timeouts do not act during a shutdown (see `deadline`), so they are not due then.
         let starting = |s: &Svc| s.start_deadline.filter(|_| self.shutdown.is_none());
         self.services.iter().flat_map(|s| [s.deadline, starting(s)]).flatten().chain(ready).min()
@@ -341,6 +364,16 @@ impl Core {
     }
 
     fn check_overall(&mut self, now: Instant) {
+        if self.boot_over_at.is_none()
+            && self.plan_error.is_none()
+            && (now >= self.t0 + BOOT_NICE_LIMIT
+                || self.services.iter().all(|s| s.spec.boot_nice != 0 || s.state.is_ready() || !s.wanted))
+        {
+            self.boot_over_at = Some(now);
+            if self.services.iter().any(|s| s.spec.boot_nice != 0) {
+                self.out.push(Action::EndBootNice);
+            }
+        }
         if self.ready_at.is_none()
             && self.shutdown.is_none()
             && self.plan_error.is_none()

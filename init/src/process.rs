@@ -24,6 +24,8 @@ pub struct Spec<'a> {
     pub notify_socket: Option<&'a Path>,
     /// Readiness fd number the service writes a newline to.
     pub ready_fd: Option<u32>,
+    /// Its niceness (0: as nasinit's).
+    pub nice: i8,
 }
 
 pub struct Spawned {
@@ -63,11 +65,16 @@ pub fn spawn(spec: &Spec<'_>) -> io::Result<Spawned> {
     }
     let cgroup_fd = spec.cgroup_procs.map(|fd| fd.as_raw_fd());
     let ready_pair = ready.as_ref().map(|(_, w)| w.as_raw_fd()).zip(spec.ready_fd);
+    let nice = spec.nice;
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
-    // calls (setsid, write, dup2) on raw fds captured before the fork; it allocates nothing.
+    // calls (setsid, write, dup2, setpriority) on raw fds and values captured before the fork;
+    // it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(io::Error::from)?;
+            if nice != 0 && nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, nice.into()) < 0 {
+                return Err(io::Error::last_os_error());
+            }
             if let Some(fd) = cgroup_fd {
                 // "0" moves the writing process into the cgroup before the program runs, so
                 // nothing it forks can start outside it.

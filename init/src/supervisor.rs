@@ -191,6 +191,24 @@ impl Supervisor {
                 }
             }
             Action::MissedReadyDeadline => self.missed_deadline(now),
+            Action::EndBootNice => {
+                let mut reniced = Vec::new();
+                for (i, s) in self.core.services.iter().enumerate() {
+                    if s.spec.boot_nice == 0 {
+                        continue;
+                    }
+                    if let Some(cg) = &self.handles[i].cgroup {
+                        cgroup::renice_all(cg, 0);
+                    } else if let Some(pid) = self.handles[i].pid {
+                        // No cgroup: the main process at least (its later children inherit).
+                        // SAFETY: plain integers in, no memory touched.
+                        unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, pid.as_raw() as nix::libc::id_t, 0) };
+                    }
+                    reniced.push(s.spec.name.as_str());
+                }
+                let at = now.duration_since(self.core.t0).as_secs_f64();
+                self.console.say(&format!("boot over at {at:.2}s: {} now run at full priority", reniced.join(", ")));
+            }
         }
     }
 
@@ -246,6 +264,7 @@ impl Supervisor {
             cgroup_procs: h.cgroup_procs.as_ref(),
             notify_socket: h.notify_path.as_deref(),
             ready_fd,
+            nice: self.core.boot_niced(i),
         })?;
         self.handles[i].pid = Some(spawned.pid);
         self.read_output(i, spawned.output);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nasos_api::ShutdownKind;
 use nasos_board::plan::{Readiness, Restart, RestartPolicy, Service};
-use nasos_init::machine::{Action, Core, Helper, State};
+use nasos_init::machine::{self, Action, Core, Helper, State};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -129,6 +129,8 @@ fn plan(svcs: &[Svc]) -> Vec<Service> {
                 environment: BTreeMap::new(),
                 user: None,
                 working_directory: None,
+                // Every third service yields while the box boots.
+                boot_nice: if i % 3 == 2 { 19 } else { 0 },
             }
         })
         .collect()
@@ -150,6 +152,7 @@ struct World {
     procs: Vec<Proc>,
     now: Instant,
     spawn_fails: std::iter::Cycle<std::vec::IntoIter<bool>>,
+    boot_nice_ended: bool,
 }
 
 impl World {
@@ -196,6 +199,12 @@ impl World {
                     }
                     Action::Abandon(i) => self.procs[i] = Proc { helper: self.procs[i].helper, ..Proc::default() },
                     Action::Say(_) | Action::Log(..) | Action::BecameReady => {}
+                    Action::EndBootNice => {
+                        prop_assert!(!self.boot_nice_ended, "the boot ended twice");
+                        prop_assert!(self.core.services.iter().any(|s| s.spec.boot_nice != 0));
+                        prop_assert!(self.core.boot_over_at.is_some());
+                        self.boot_nice_ended = true;
+                    }
                     // What the effects layer does under the guard's count: reboot.
                     Action::MissedReadyDeadline => {
                         prop_assert!(self.core.ready_at.is_none(), "a deadline missed by a ready appliance");
@@ -267,6 +276,12 @@ impl World {
     /// What must hold between steps.
     fn check(&self, before: &[State]) -> Result<(), TestCaseError> {
         let core = &self.core;
+        // The boot ends as soon as every service on the way to serving is ready, or at the limit.
+        if core.boot_over_at.is_none() && core.shutdown.is_none() {
+            let others_ready = core.services.iter().all(|s| s.spec.boot_nice != 0 || s.state.is_ready() || !s.wanted);
+            prop_assert!(!others_ready, "every service on the way to serving is ready, and the boot is not over");
+            prop_assert!(self.now < core.t0 + machine::BOOT_NICE_LIMIT, "the boot outlived its limit");
+        }
         for (i, s) in core.services.iter().enumerate() {
             if s.state == State::Stopping {
                 prop_assert!(s.deadline.is_some(), "s{i} is stopping with no deadline");
@@ -299,7 +314,14 @@ fn world(svcs: Vec<Svc>, spawn_fails: Vec<bool>) -> World {
     let mut core = Core::new(plan(&svcs), t0);
     // A boot deadline some graphs miss and some meet.
     core.ready_deadline = Some(t0 + Duration::from_secs(20));
-    World { core, svcs, procs: vec![Proc::default(); n], now: t0, spawn_fails: fails.into_iter().cycle() }
+    World {
+        core,
+        svcs,
+        procs: vec![Proc::default(); n],
+        now: t0,
+        spawn_fails: fails.into_iter().cycle(),
+        boot_nice_ended: false,
+    }
 }
 
 fn services_and_ops() -> impl Strategy<Value = (Vec<Svc>, Vec<Op>, Vec<bool>)> {
@@ -457,6 +479,51 @@ fn the_boot_deadline_is_missed_once() {
     assert!(w.core.take_actions().contains(&Action::BecameReady));
     w.advance(30_000);
     assert!(!w.core.take_actions().contains(&Action::MissedReadyDeadline));
+}
+
+/// A service on the way to serving that never becomes ready leaves the others niced only until
+/// the limit; a shutdown before then leaves no boot deadline behind (past due, the loop would
+/// spin on it).
+#[test]
+fn the_boot_niceness_ends_at_the_limit_and_a_shutdown_drops_its_deadline() {
+    // s0 (on the way to serving) says it is ready when told; s2 yields while the box boots.
+    let notify = Svc { readiness: 2, ..plain() };
+    let mut w = world(vec![notify.clone(), plain(), plain()], vec![]);
+    assert_eq!(w.core.services[2].spec.boot_nice, 19);
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    assert_eq!((w.core.boot_niced(2), w.boot_nice_ended), (19, false));
+    w.step(&Op::Ready(0));
+    w.drain().expect("invariants");
+    assert_eq!((w.core.boot_niced(2), w.boot_nice_ended), (0, true), "ends once the others are ready");
+    // s0 never becomes ready: the niceness ends at the limit all the same.
+    let never_ready = notify;
+    let mut w = world(vec![never_ready.clone(), plain(), plain()], vec![]);
+    w.core.ready_deadline = None;
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    assert_eq!(w.core.boot_niced(2), 19);
+    w.advance(59_000);
+    w.drain().expect("invariants");
+    assert!(w.core.boot_over_at.is_none());
+    w.advance(1_500);
+    w.drain().expect("invariants");
+    assert!(w.boot_nice_ended && w.core.boot_over_at.is_some());
+    assert_eq!(w.core.boot_niced(2), 0);
+
+    let mut w = world(vec![never_ready, plain(), plain()], vec![]);
+    w.core.schedule(w.now);
+    w.drain().expect("invariants");
+    w.core.begin_shutdown(ShutdownKind::Poweroff, w.now);
+    w.drain().expect("invariants");
+    w.reap();
+    w.drain().expect("invariants");
+    w.advance(70_000);
+    w.drain().expect("invariants");
+    w.reap();
+    w.drain().expect("invariants");
+    assert!(w.core.next_deadline().is_none_or(|d| d > w.now), "a deadline left in the past");
+    assert!(!w.boot_nice_ended, "a shut-down boot never ends its niceness");
 }
 
 /// `restarts` is what health reads as trouble: a crash counts, an operator's restart does not.

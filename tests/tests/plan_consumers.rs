@@ -188,6 +188,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("services[].environment.*", "init/src/supervisor.rs", "spec.environment"),
     ("services[].user", "init/src/supervisor.rs", "spec.user"),
     ("services[].working_directory", "init/src/supervisor.rs", "spec.working_directory"),
+    ("services[].boot_nice", "init/src/machine.rs", "spec.boot_nice"),
 ];
 
 /// Maps whose keys are data, not fields.

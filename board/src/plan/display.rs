@@ -293,6 +293,9 @@ impl fmt::Display for Plan {
                 s.command.join(" "),
                 word(&s.restart.when)
             )?;
+            if s.boot_nice != 0 {
+                writeln!(f, "{:18}at nice {} until the services on the way to serving are ready", "", s.boot_nice)?;
+            }
             if let Some(ms) = s.start_timeout_ms {
                 writeln!(f, "{:18}ready within {}s of its start, or stopped as failed", "", ms / 1000)?;
             }

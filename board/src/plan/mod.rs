@@ -602,6 +602,11 @@ pub struct Service {
     pub user: Option<String>,
     #[serde(default)]
     pub working_directory: Option<String>,
+    /// The niceness it runs at while the box boots; 0 once every service without one is ready
+    /// (or a minute after nasinit started, whichever is first). For what nothing on the way to
+    /// serving waits for: on a small CPU it would otherwise take turns with the import and nfsd.
+    #[serde(default)]
+    pub boot_nice: i8,
 }
 
 /// When a service counts as ready.

@@ -51,6 +51,7 @@ pub(super) fn console_service(login: RootLogin, has_hash: bool, device: &str, ba
         environment: BTreeMap::new(),
         user: None,
         working_directory: None,
+        boot_nice: BOOT_NICE,
     })
 }
 
@@ -140,6 +141,7 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
             environment: BTreeMap::new(),
             user: None,
             working_directory: None,
+            boot_nice: 0,
         });
     };
     // Modules load in supervised oneshots, not in PID 1 itself: a hung modprobe then shows up
@@ -219,5 +221,19 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
         None,
         &[MODULES, "fabric", "storage", "nfs", "health"],
     );
+    for s in out.iter_mut().filter(|s| AFTER_SERVING.contains(&s.name.as_str())) {
+        s.boot_nice = BOOT_NICE;
+    }
     out
 }
+
+/// What nothing on the way to serving waits for. While the box boots these run at
+/// [`BOOT_NICE`]: on one TCG vCPU, zed's zedlets for the import's events, the agents' first
+/// rounds and the console's login took 1–2 s of CPU from the import and nfsd's start.
+/// (Ordering them after nfs instead would keep them from starting at all on a box whose NFS
+/// fails, and protecting the data must not depend on serving.)
+pub const AFTER_SERVING: &[&str] =
+    &["console", "zed", "snapshots", "sshd", "replication", "health", "bless", MODULES_LATE];
+/// Their niceness while the box boots: the lowest, so they take the CPU only when nothing on
+/// the way to serving wants it.
+pub const BOOT_NICE: i8 = 19;

@@ -62,6 +62,7 @@ fn service(name: &str, command: Vec<String>, when: Restart) -> Service {
         environment: Default::default(),
         user: None,
         working_directory: None,
+        boot_nice: 0,
     }
 }
 

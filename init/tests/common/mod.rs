@@ -38,6 +38,7 @@ pub fn sh(name: &str, script: &str) -> Service {
         environment: BTreeMap::new(),
         user: None,
         working_directory: None,
+        boot_nice: 0,
     }
 }
 
