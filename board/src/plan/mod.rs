@@ -271,6 +271,13 @@ pub struct PoolPlan {
     pub filesystem: BTreeMap<String, String>,
 }
 
+impl PoolPlan {
+    /// Every bay the pool uses: its vdevs' members, then its spares.
+    pub fn member_bays(&self) -> impl Iterator<Item = &String> {
+        self.vdevs.iter().flat_map(|v| v.bays.iter()).chain(self.spares.iter())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VdevPlan {
     #[serde(rename = "type")]

@@ -421,12 +421,7 @@ pub fn fatal(now: &Observation) -> Vec<(String, String)> {
 
 /// The bays the plan puts in pools, with their pool: (bay, pool).
 pub fn pool_members(plan: &nasos_board::Plan) -> Vec<(String, String)> {
-    plan.pools
-        .iter()
-        .flat_map(|p| {
-            p.vdevs.iter().flat_map(|v| v.bays.iter()).chain(p.spares.iter()).map(|b| (b.clone(), p.name.clone()))
-        })
-        .collect()
+    plan.pools.iter().flat_map(|p| p.member_bays().map(|b| (b.clone(), p.name.clone()))).collect()
 }
 
 #[cfg(test)]

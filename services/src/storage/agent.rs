@@ -35,13 +35,15 @@ pub fn up() -> anyhow::Result<()> {
         Ok(())
     });
     // The imports no longer wait on udev: drives (hot-plugged ones, a new pool's) get udev's full
-    // rules from now on, blkid's probe included. Done or failed, the attempt is over.
+    // rules from now on, blkid's probe included. Done or failed, the attempt is over. Once per
+    // boot: a restart of this service finds the flag made and the members probed.
     let flag = std::path::Path::new(paths::IMPORT_DONE);
-    let made = flag.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(flag, b""));
-    if let Err(e) = made {
-        say(format!("cannot create {}: {e}; udev keeps skipping blkid for new drives", paths::IMPORT_DONE));
-    } else {
-        probe_members(&plan.pools);
+    if !flag.exists() {
+        let made = flag.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(flag, b""));
+        match made {
+            Ok(()) => probe_members(&plan.pools),
+            Err(e) => say(format!("cannot create {}: {e}; udev keeps skipping blkid for new drives", flag.display())),
+        }
     }
     imports?;
     // Every filesystem with the properties the plan sets, read in one `zfs get`: each zfs
@@ -183,7 +185,7 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<bool> {
     if pool.create == CreatePolicy::ImportOnly {
         anyhow::bail!("pool {} is not found on its bays and the recipe says import-only", pool.name);
     }
-    let members: Vec<&String> = pool.vdevs.iter().flat_map(|v| v.bays.iter()).chain(pool.spares.iter()).collect();
+    let members: Vec<&String> = pool.member_bays().collect();
     let disks: Vec<(String, DiskContent)> = members.iter().map(|b| ((*b).clone(), content(b))).collect();
     may_create(&pool.name, &disks).map_err(anyhow::Error::msg)?;
     let mut args: Vec<String> = vec!["create".into(), "-o".into(), format!("ashift={}", pool.ashift)];
@@ -235,7 +237,7 @@ fn ensure_pool(pool: &PoolPlan) -> anyhow::Result<bool> {
 fn probe_members(pools: &[PoolPlan]) {
     let parts: Vec<String> = pools
         .iter()
-        .flat_map(|p| p.vdevs.iter().flat_map(|v| v.bays.iter()).chain(p.spares.iter()))
+        .flat_map(PoolPlan::member_bays)
         .filter_map(|bay| std::fs::canonicalize(format!("{BAY_DIR}/{bay}-part1")).ok())
         .filter_map(|dev| dev.file_name().map(|n| format!("/sys/class/block/{}", n.to_string_lossy())))
         .collect();
@@ -301,16 +303,12 @@ fn probe_blkid(dev: &str) -> Result<Option<String>, String> {
 /// anything else. Returns what it started.
 pub fn replace(bay: &str) -> anyhow::Result<String> {
     let plan = plan()?;
-    let pool = plan
-        .pools
-        .iter()
-        .find(|p| p.vdevs.iter().any(|v| v.bays.iter().any(|b| b == bay)) || p.spares.iter().any(|b| b == bay))
-        .with_context(|| {
-            format!(
-                "{bay} is in no pool of this box (bays: {})",
-                plan.bays.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(" ")
-            )
-        })?;
+    let pool = plan.pools.iter().find(|p| p.member_bays().any(|b| b == bay)).with_context(|| {
+        format!(
+            "{bay} is in no pool of this box (bays: {})",
+            plan.bays.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(" ")
+        )
+    })?;
     let status = nasos_zfs::status(Some(&pool.name)).with_context(|| format!("reading pool {}", pool.name))?;
     let ps = status.pools.get(&pool.name).with_context(|| format!("pool {} is not imported", pool.name))?;
     let member = find_leaf(ps, bay).with_context(|| format!("pool {} has no member in {bay}", pool.name))?;
