@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use nasos_qemu::{Link, Serial, Spec, Vm};
 
+pub mod lanes;
 pub mod reference;
 pub mod suite;
 

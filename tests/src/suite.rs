@@ -1,32 +1,33 @@
 //! End-to-end suites: each capability is its own check that passes or fails on its own, run in
-//! order on one thread (they share a built image and booted VMs, and the machine has two cores).
+//! order on one thread (they share a built image and booted VMs). Suites that share nothing run
+//! side by side in lanes (see [`crate::lanes`]).
 //! A check that needs what an earlier one made (an image, a running VM) and does not find it
 //! fails at once saying which check to look at, instead of hiding behind the first failure.
 
-use std::process::ExitCode;
 use std::sync::Mutex;
 
 use libtest_mimic::{Arguments, Trial};
 
 pub struct Suite {
+    name: &'static str,
     trials: Vec<Trial>,
     teardown: Vec<Box<dyn FnOnce()>>,
 }
 
-impl Default for Suite {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Suite {
-    pub fn new() -> Suite {
-        Suite { trials: Vec::new(), teardown: Vec::new() }
+    /// A suite whose checks are named `NAME::check` (so `-- NAME::` runs this suite only).
+    pub fn new(name: &'static str) -> Suite {
+        Suite { name, trials: Vec::new(), teardown: Vec::new() }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     /// A check: a panic (a failed assertion) fails it, and the suite goes on.
     pub fn check(&mut self, name: &str, f: impl FnOnce() + Send + 'static) {
-        let label = name.to_string();
+        let name = format!("{}::{name}", self.name);
+        let label = name.clone();
         self.trials.push(Trial::test(name, move || {
             // Printed whether the check passes or fails: CI's time is the sum of these.
             struct Took(String, std::time::Instant);
@@ -55,15 +56,16 @@ impl Suite {
         });
     }
 
-    /// Runs the checks in order, one at a time, then the teardowns.
-    pub fn run(self) -> ExitCode {
-        let mut args = Arguments::from_args();
+    /// Runs the checks `args` selects in order, one at a time, then the teardowns; whether none
+    /// failed.
+    pub fn run(self, args: &Arguments) -> bool {
+        let mut args = args.clone();
         args.test_threads = Some(1);
         let conclusion = libtest_mimic::run(&args, self.trials);
         for t in self.teardown {
             t();
         }
-        conclusion.exit_code()
+        !conclusion.has_failed()
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //!     cargo run --release -p nasos-tests --bin nasos-upgrade-faults -- [CUTS] [FIRST_BOOT_CUTS]
 //!
-//! The upgrade suite (`tests/tests/upgrade.rs`) proves the refusals and the rollback once; this
+//! The upgrade suite (`tests/tests/e2e/upgrade.rs`) proves the refusals and the rollback once; this
 //! is the large count, too slow for every CI run (each cut costs two boots under TCG).
 
 use std::path::Path;

@@ -3,7 +3,6 @@
 //! reboots; after the guard's count of such boots in a row it stays up, not ready, and says why.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
 use nasos_qemu::{Link, Vm};
@@ -17,13 +16,13 @@ fn dir() -> PathBuf {
     repo().join("build/e2e")
 }
 
-fn main() -> ExitCode {
-    let mut s = Suite::new();
+pub fn suite() -> Suite {
+    let mut s = Suite::new("liveness");
     s.check("build::an_image_whose_storage_hangs", build_image);
     s.check("deadline::a_boot_that_misses_it_reboots", first_miss);
     s.check("deadline::after_the_guards_count_the_box_stays_up_and_says_why", stays_up);
     s.kill_at_end(&VM);
-    s.run()
+    s
 }
 
 fn build_image() {

@@ -6,7 +6,7 @@
 //! only the stages after the plan.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nasos_qemu::{Link, Vm};
@@ -42,8 +42,8 @@ fn json(out: &str) -> serde_json::Value {
     nasos_tests::console_json(out)
 }
 
-fn main() -> ExitCode {
-    let mut s = Suite::new();
+pub fn suite() -> Suite {
+    let mut s = Suite::new("appliance");
     s.check("build::qemu_dev_image", build_image);
     s.check("build::the_boot_chain_is_the_locked_systemd_boot", boot_chain_from_lock);
     s.check("build::noop_rebuild_does_no_stage_work", noop_rebuild);
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     s.check("build::product_image", product_image);
     s.check("build::an_export_change_redoes_only_later_stages", export_change);
     s.kill_at_end(&DEV);
-    s.run()
+    s
 }
 
 fn build_image() {

@@ -7,7 +7,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::Command;
 use std::time::Duration;
 
 use nasos_bundle::{Manifest, reader};
@@ -30,8 +30,8 @@ fn dir() -> PathBuf {
     bundles_dir()
 }
 
-fn main() -> ExitCode {
-    let mut s = Suite::new();
+pub fn suite() -> Suite {
+    let mut s = Suite::new("upgrade");
     s.check("build::v1_and_signed_v2_v3_bundles", build);
     s.check("bundle::minisign_checks_the_manifest_and_inspect_judges_the_key", inspect);
     s.check("apply::v1_boots_with_one_entry", boot_v1);
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     s.check("rollback::a_version_that_never_gets_ready_uses_up_its_tries_and_the_previous_boots", rollback);
     s.check("downgrade::an_older_version_only_with_allow_downgrade_boots_once_and_stays_once_blessed", downgrade);
     s.kill_at_end(&VM);
-    s.run()
+    s
 }
 
 fn build() {

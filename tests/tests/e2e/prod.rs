@@ -7,7 +7,7 @@
 //! ignored, and a UKI changed after signing is refused by the firmware.
 
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::Command;
 use std::time::Duration;
 
 use nasos_qemu::{Link, Vm};
@@ -54,8 +54,8 @@ fn login(vm: &mut Vm, password: &str) {
     vm.expect_new_shell();
 }
 
-fn main() -> ExitCode {
-    let mut s = Suite::new();
+pub fn suite() -> Suite {
+    let mut s = Suite::new("prod");
     s.check("build::qemu_prod_image", build_image);
     s.check("firstboot::the_console_asks_for_root_s_password_once", first_boot);
     s.check("firstboot::login_works_with_that_password_and_nothing_else", login_with_it);
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
     s.check("firstboot::a_fresh_disk_asks_again", fresh_disk);
     s.check("secureboot::a_uki_changed_after_signing_is_refused", changed_uki_refused);
     s.kill_at_end(&VM);
-    s.run()
+    s
 }
 
 fn build_image() {
