@@ -95,6 +95,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let key = rootfs_key(locked.as_ref())?;
     let tar = cache.root.join("rootfs").join(format!("{}.tar", key.hex()));
     let resolved_path = tar.with_extension("lock");
+    let rootfs_lock = cache.lock("rootfs")?;
     stages.run_keyed("rootfs", &key, &[&tar, &resolved_path], || {
         // mmdebstrap picks its output format from the extension: keep `.tar` last.
         let tmp = tar.with_extension(format!("tmp{}.tar", std::process::id()));
@@ -118,6 +119,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             crate::stage::record_cache_entry(&locked_key, &[&again, &again.with_extension("lock")])?;
         }
     }
+    drop(rootfs_lock);
 
     // ZFS module, when the image has pools, from the build root the lock names.
     let locked_build = locked.as_ref().map_or(&[][..], |l| &l.build_packages[..]);
@@ -126,7 +128,10 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     } else {
         let v = &zfs::versions(&resolved)?;
         let t = std::time::Instant::now();
-        let module = zfs::ensure(&cache, v, locked_build, epoch)?;
+        let module = {
+            let _held = cache.lock("zfs")?;
+            zfs::ensure(&cache, v, locked_build, epoch)?
+        };
         if let Some(l) = &locked
             && !l.build_packages.is_empty()
         {

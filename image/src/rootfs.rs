@@ -32,6 +32,31 @@ impl Cache {
         Ok(Cache { root })
     }
 
+    /// Holds the cache's lock on `what` until dropped. Two builds sharing a cache (two test
+    /// lanes, an engineer's two terminals) then make an expensive output once: the second waits,
+    /// then finds it cached, instead of compiling ZFS twice on the same cores. The lock is
+    /// advisory and dies with its process, so a killed build never leaves the cache locked.
+    pub fn lock(&self, what: &str) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+        use nix::fcntl::{Flock, FlockArg};
+        let path = self.root.join(format!("{what}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => Ok(held),
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+                eprintln!("nasos: waiting for another build sharing {} to finish its {what}", self.root.display());
+                Flock::lock(file, FlockArg::LockExclusive)
+                    .map_err(|(_, e)| e)
+                    .with_context(|| format!("locking {}", path.display()))
+            }
+            Err((_, e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+        }
+    }
+
     /// The .deb with this sha256, if cached.
     pub fn deb(&self, sha256: &str) -> PathBuf {
         self.root.join("debs").join(format!("{sha256}.deb"))
