@@ -104,13 +104,40 @@ pub fn parse_holds(text: &str) -> Vec<Hold> {
 }
 
 /// The holds on `snapshots`.
+///
+/// The list was read a moment before, and the snapshot policy or replication may have destroyed
+/// one of them since: a snapshot that no longer exists holds nothing, so it is left out and the
+/// rest asked again (once), rather than failing a whole round on a race that is no error.
 pub fn holds(snapshots: &[&str]) -> Result<Vec<Hold>, Error> {
+    match holds_once(snapshots) {
+        Err(Error::Run(e)) => match vanished(e.stderr()) {
+            Some(gone) => {
+                let left: Vec<&str> = snapshots.iter().copied().filter(|s| !gone.contains(s)).collect();
+                holds_once(&left)
+            }
+            None => Err(Error::Run(e)),
+        },
+        other => other,
+    }
+}
+
+fn holds_once(snapshots: &[&str]) -> Result<Vec<Hold>, Error> {
     if snapshots.is_empty() {
         return Ok(Vec::new());
     }
     let mut args = vec!["holds", "-H", "-p"];
     args.extend(snapshots);
     Ok(parse_holds(&run("zfs", &args)?))
+}
+
+/// The snapshots `zfs holds` said do not exist, when that is all its stderr says.
+fn vanished(stderr: &str) -> Option<Vec<&str>> {
+    let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let gone: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("cannot open '")?.strip_suffix("': dataset does not exist"))
+        .collect();
+    (!gone.is_empty() && gone.len() == lines.len()).then_some(gone)
 }
 
 fn r(recursive: bool) -> Option<&'static str> {
@@ -156,4 +183,21 @@ pub fn rollback(name: &str, destroy_later: bool) -> Result<(), Error> {
     args.extend(r(destroy_later));
     args.push(name);
     run("zfs", &args).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vanished;
+
+    #[test]
+    fn only_a_stderr_of_vanished_snapshots_is_a_race() {
+        // What zfs 2.3 printed when pruning destroyed a snapshot between the list and the holds.
+        let race = "cannot open 'tank/train@auto-20261204T045345Z-hourly': dataset does not exist\n\
+                    cannot open 'tank/train@repl-dr-1': dataset does not exist\n";
+        assert_eq!(vanished(race), Some(vec!["tank/train@auto-20261204T045345Z-hourly", "tank/train@repl-dr-1"]));
+        let other = "cannot open 'tank/train@a': dataset does not exist\ninternal error: out of memory\n";
+        assert_eq!(vanished(other), None);
+        assert_eq!(vanished("cannot open 'tank@x': permission denied"), None);
+        assert_eq!(vanished(""), None);
+    }
 }
