@@ -17,9 +17,7 @@ fn sets(p: &nasos_board::Plan) -> Vec<String> {
     p.kernel
         .module_sets
         .iter()
-        .map(|s| {
-            format!("{}: {} bays={} replay={} nice={}", s.service, s.modules.join(" "), s.bays, s.replay_drives, s.nice)
-        })
+        .map(|s| format!("{}: {} bays={} replay={}", s.service, s.modules.join(" "), s.bays, s.replay_drives))
         .collect()
 }
 
@@ -33,11 +31,11 @@ fn storage_starts_once_its_own_drivers_are_in() {
     assert_eq!(
         sets(&p),
         [
-            "modules: virtio_net virtio_pci i6300esb vfat bays=false replay=false nice=0",
-            "modules-storage: nvme zfs bays=true replay=false nice=0",
-            "modules-net: rdma_rxe nf_tables nft_ct bays=false replay=false nice=0",
-            "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false nice=0",
-            "modules-late: xhci_pci ib_uverbs rdma_ucm bays=false replay=false nice=19",
+            "modules: virtio_net virtio_pci i6300esb vfat bays=false replay=false",
+            "modules-storage: nvme zfs bays=true replay=false",
+            "modules-net: rdma_rxe nf_tables nft_ct bays=false replay=false",
+            "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false",
+            "modules-late: xhci_pci ib_uverbs rdma_ucm bays=false replay=false",
         ]
     );
     assert_eq!(after(&p, "storage"), ["modules", "modules-storage"]);

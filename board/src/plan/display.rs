@@ -37,8 +37,7 @@ impl fmt::Display for Plan {
                 (true, false) => "; then waits for udev to name the bays",
                 _ => "",
             };
-            let nice = if set.nice != 0 { format!(" (at nice {})", set.nice) } else { String::new() };
-            writeln!(f, "  {:<18} {}{nice}{then}", set.service, set.modules.join(" "))?;
+            writeln!(f, "  {:<18} {}{then}", set.service, set.modules.join(" "))?;
         }
         for (m, opts) in &self.kernel.module_options {
             let o: Vec<String> = opts.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -127,9 +127,6 @@ pub struct ModuleSet {
     /// driver loads in this set and udev sees each drive appear; nothing else needs replaying
     /// (a full coldplug costs seconds of udev work under emulation, for no rule the box uses).
     pub replay_drives: bool,
-    /// The niceness its modprobes run at: module init is CPU work, and the late set (nothing
-    /// serving needs) yields the CPU to everything else.
-    pub nice: i8,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

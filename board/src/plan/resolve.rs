@@ -556,9 +556,11 @@ impl ModuleSets {
                 let bays = wait_bays && modules.iter().any(|m| m == "nvme");
                 // Every set but the late one is on the way to serving (storage needs zfs, fabric
                 // the NIC's and RDMA's modules, nfs nfsd's), so they share the CPU as equals.
-                // Niced, the net and nfs sets finished 10 s after the others, and serving waited.
-                let nice = if service == MODULES_LATE { 19 } else { 0 };
-                ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays && drives_early, nice }
+                // (Niced, the net and nfs sets finished 10 s after the others, and serving
+                // waited.) The late set runs at its service's boot niceness, which ends when the
+                // boot does: a niceness of its own kept its modprobes at 19 after that, behind
+                // health's and zed's first rounds, and the box's "ready" waited 10-20 s for them.
+                ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays && drives_early }
             })
             .collect()
     }

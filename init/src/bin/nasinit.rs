@@ -278,10 +278,7 @@ fn load_modules(plan: &std::path::Path, set: &str) -> ExitCode {
         let options = plan.kernel.module_options.get(m).into_iter().flatten().map(|(k, v)| format!("{k}={v}"));
         // A module's init can hang on broken hardware; the deadline turns that into a named
         // failure of this service instead of a boot that never becomes ready.
-        let modprobe = Tool::new("/usr/bin/nice")
-            .args(["-n", &set.nice.to_string(), "/usr/sbin/modprobe", m])
-            .args(options)
-            .timeout(Duration::from_secs(60));
+        let modprobe = Tool::new("/usr/sbin/modprobe").arg(m).args(options).timeout(Duration::from_secs(60));
         let (t, cpu) = (Instant::now(), children_cpu_ms());
         match modprobe.run() {
             // On a busy boot the wall time is mostly waiting for the CPU; the CPU time is what
