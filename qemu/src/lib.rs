@@ -549,6 +549,41 @@ impl Vm {
         Ok(())
     }
 
+    /// Pulls the drive out of bay `n` as [`Vm::pull_bay`] does, and returns once the guest has
+    /// let go of it (QEMU's `DEVICE_DELETED`): the moment a hand's pull would have happened on
+    /// hardware, after the attention button's 5 s grace that real surprise removal does not
+    /// have. Returns how long the guest took to let go.
+    pub fn pull_bay_released(&self, n: u32, timeout: Duration) -> anyhow::Result<Duration> {
+        let id = format!("nvme{n}");
+        let (mut r, mut w) = self.qmp_connect()?;
+        let t = Instant::now();
+        let cmd = serde_json::json!({"execute": "device_del", "arguments": {"id": id}});
+        w.write_all(format!("{cmd}\n").as_bytes())?;
+        let deadline = t + timeout;
+        let mut line = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("the guest did not let go of {id} within {timeout:?}");
+            }
+            r.get_ref().set_read_timeout(Some(left))?;
+            line.clear();
+            match r.read_line(&mut line) {
+                Ok(0) => bail!("QMP closed before {id} was released"),
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let v: serde_json::Value = serde_json::from_str(&line)?;
+            if let Some(e) = v.get("error") {
+                bail!("QMP device_del {id}: {e}");
+            }
+            if v["event"] == "DEVICE_DELETED" && v["data"]["device"] == id.as_str() {
+                return Ok(t.elapsed());
+            }
+        }
+    }
+
     /// Puts a drive into bay `n`: `disk` (a qcow2 file; a new blank one is made there if it does
     /// not exist), with the serial the twin board gives that bay. Once the guest has let go of a
     /// pulled drive (the slot is free again), this may be retried.
