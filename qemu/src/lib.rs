@@ -550,9 +550,8 @@ impl Vm {
     }
 
     /// Pulls the drive out of bay `n` as [`Vm::pull_bay`] does, and returns once the guest has
-    /// let go of it (QEMU's `DEVICE_DELETED`): the moment a hand's pull would have happened on
-    /// hardware, after the attention button's 5 s grace that real surprise removal does not
-    /// have. Returns how long the guest took to let go.
+    /// let go of it (QEMU's `DEVICE_DELETED`), with how long that took: a check that times what
+    /// the box does about a pulled drive starts its clock when the drive is gone.
     pub fn pull_bay_released(&self, n: u32, timeout: Duration) -> anyhow::Result<Duration> {
         let id = format!("nvme{n}");
         let (mut r, mut w) = self.qmp_connect()?;
