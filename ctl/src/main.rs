@@ -12,6 +12,8 @@ use nasos_services::inspect;
 use nasos_services::snapshots::ops as snapshots;
 use serde::Serialize;
 
+mod wait;
+
 #[derive(Parser)]
 #[command(name = "nasctl", about = "Control and inspect the nasos appliance")]
 struct Args {
@@ -50,12 +52,27 @@ enum Command {
     /// Clear this box's state (identity, root password, logs, NFS state) and reboot; the pools
     /// and their data are kept. Asks for the hostname as confirmation.
     FactoryReset,
-    /// Start a stopped or failed service.
-    Start { name: String },
-    /// Stop a service (it stays stopped until started).
-    Stop { name: String },
-    /// Stop and start a service.
-    Restart { name: String },
+    /// Start a stopped or failed service; returns once it is ready (or says why it is not).
+    Start {
+        name: String,
+        /// Return once nasinit has the request, without waiting.
+        #[arg(long)]
+        no_block: bool,
+    },
+    /// Stop a service (it stays stopped until started); returns once its processes are gone.
+    Stop {
+        name: String,
+        /// Return once nasinit has the request, without waiting.
+        #[arg(long)]
+        no_block: bool,
+    },
+    /// Stop and start a service; returns once it is ready again (or says why it is not).
+    Restart {
+        name: String,
+        /// Return once nasinit has the request, without waiting.
+        #[arg(long)]
+        no_block: bool,
+    },
     /// When each service started and became ready.
     Timeline,
     /// ZFS pools: health, space, each member by bay, datasets.
@@ -325,9 +342,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 page = client.logs(&name, page.next, 10_000).await?;
             }
         }
-        Command::Start { name } => client.start(&name).await?,
-        Command::Stop { name } => client.stop(&name).await?,
-        Command::Restart { name } => client.restart(&name).await?,
+        Command::Start { name, no_block } => {
+            client.start(&name).await?;
+            if !no_block {
+                wait::until(&client, &name, wait::Goal::Up, wait::START_LIMIT).await?;
+            }
+        }
+        Command::Stop { name, no_block } => {
+            client.stop(&name).await?;
+            if !no_block {
+                wait::until(&client, &name, wait::Goal::Down, wait::STOP_LIMIT).await?;
+            }
+        }
+        Command::Restart { name, no_block } => {
+            client.restart(&name).await?;
+            if !no_block {
+                wait::until(&client, &name, wait::Goal::Up, wait::START_LIMIT).await?;
+            }
+        }
         Command::Timeline => {
             let t = client.timeline().await?;
             let s = client.status().await?;
