@@ -48,6 +48,9 @@ fn storage_starts_once_its_own_drivers_are_in() {
     // pool, whatever becomes of nfs.
     assert_eq!(after(&p, "zed"), ["storage"]);
     assert_eq!(after(&p, "snapshots"), ["storage"]);
+    // The members' identities for zed are read once the box serves (the service waits for
+    // nasinit's word), but not only if it does.
+    assert_eq!(after(&p, "drive-ids"), ["udev", "storage"]);
     // What serving waits for runs at full priority from the start; what it does not yields the
     // CPU while the box boots.
     let nice = |name: &str| p.services.iter().find(|s| s.name == name).map(|s| s.boot_nice);
@@ -56,7 +59,7 @@ fn storage_starts_once_its_own_drivers_are_in() {
     {
         assert_eq!(nice(s), Some(0), "{s}");
     }
-    for s in ["console", "zed", "snapshots", "replication", "health", "bless", "modules-late"] {
+    for s in ["console", "zed", "drive-ids", "snapshots", "replication", "health", "bless", "modules-late"] {
         assert_eq!(nice(s), Some(19), "{s}");
     }
     // Every module the image keeps is in exactly one set.

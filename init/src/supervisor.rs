@@ -208,6 +208,9 @@ impl Supervisor {
                 }
                 let at = now.duration_since(self.core.t0).as_secs_f64();
                 self.console.say(&format!("boot over at {at:.2}s: {} now run at full priority", reniced.join(", ")));
+                if self.pid1 {
+                    mark_boot_over(&self.console);
+                }
             }
         }
     }
@@ -615,6 +618,16 @@ impl Supervisor {
                 }
             }
         });
+    }
+}
+
+/// Tells the services the boot is over ([`nasos_layout::paths::BOOT_OVER`]): one small file on a
+/// tmpfs, and a failure is said, not fatal (what waits for it gives up after a while).
+fn mark_boot_over(console: &Console) {
+    let path = std::path::Path::new(nasos_layout::paths::BOOT_OVER);
+    let made = path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(path, b""));
+    if let Err(e) = made {
+        console.say(&format!("cannot create {}: {e}", path.display()));
     }
 }
 

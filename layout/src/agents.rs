@@ -46,7 +46,7 @@ impl Agent {
 
 pub const FABRIC: Agent = Agent { binary: "nasos-fabric", path: "/usr/lib/nasos/nasos-fabric", verbs: &["up"] };
 pub const STORAGE: Agent =
-    Agent { binary: "nasos-storage", path: "/usr/lib/nasos/nasos-storage", verbs: &["up", "export"] };
+    Agent { binary: "nasos-storage", path: "/usr/lib/nasos/nasos-storage", verbs: &["up", "export", "probe"] };
 pub const NFS: Agent = Agent { binary: "nasos-nfs", path: "/usr/lib/nasos/nasos-nfs", verbs: &["serve"] };
 pub const HEALTH: Agent = Agent { binary: "nasos-health", path: "/usr/lib/nasos/nasos-health", verbs: &["run"] };
 pub const SNAPSHOTS: Agent =

@@ -20,6 +20,10 @@ pub const BAY_RULES: &str = "/etc/udev/rules.d/61-nasos-bays.rules";
 /// by-path and by-bay names); then its full rules, blkid's probe of the disk and each partition
 /// included. The storage agent creates it once its imports are done. See [`BOOT_UDEV_RULES`].
 pub const IMPORT_DONE: &str = "/run/nasos/import-done";
+/// nasinit creates this when the boot is over: every service on the way to serving is ready (or
+/// a minute has passed). What waits for it is work serving does not need but that costs CPU the
+/// boot's critical path wants, such as udev's probe of the pools' members.
+pub const BOOT_OVER: &str = "/run/nasos/boot-over";
 /// The rules that defer blkid's probe of the drives until the import is done (written at build
 /// time; before 60-persistent-storage.rules, whose flag they set).
 pub const BOOT_UDEV_RULES: &str = "/etc/udev/rules.d/59-nasos-boot.rules";

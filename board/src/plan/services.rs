@@ -68,6 +68,7 @@ pub const SERVICE_NAMES: &[&str] = &[
     "fabric",
     "storage",
     "zed",
+    DRIVE_IDS,
     "nfs",
     "snapshots",
     "sshd",
@@ -87,6 +88,9 @@ pub const MODULES_NFS: &str = "modules-nfs";
 /// serves, at the lowest priority, so it takes no CPU from the boot's critical path (under QEMU's
 /// TCG the controller's init alone took 11 s of a one-vCPU boot). Nothing waits for it.
 pub const MODULES_LATE: &str = "modules-late";
+/// udev's full probe of the pools' members (their vdev GUIDs, which zed matches a pulled drive
+/// by), once the box serves: the storage agent's `probe`.
+pub const DRIVE_IDS: &str = "drive-ids";
 
 /// Gives each service that is not ready at once its start timeout (the recipe's, or its
 /// override), and swaps in a program that never finishes for services a development recipe
@@ -179,6 +183,9 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
         // ordered after nfs they would never start on a box whose NFS failed, and protecting the
         // data must not depend on serving.
         add("zed", vec![ZED.to_string(), "-F".into()], Readiness::Started, &daemon, None, &["storage"]);
+        // After storage only, like zed, whose matching it feeds; it waits for the boot to be over
+        // itself, so a box whose NFS fails gets it too.
+        add(DRIVE_IDS, agents::STORAGE.command("probe"), Readiness::Exited, &oneshot, None, &["udev", "storage"]);
     }
     if nfs {
         let after = [MODULES, MODULES_NFS, "storage", "fabric"];
@@ -233,7 +240,7 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
 /// (Ordering them after nfs instead would keep them from starting at all on a box whose NFS
 /// fails, and protecting the data must not depend on serving.)
 pub const AFTER_SERVING: &[&str] =
-    &["console", "zed", "snapshots", "sshd", "replication", "health", "bless", MODULES_LATE];
+    &["console", "zed", DRIVE_IDS, "snapshots", "sshd", "replication", "health", "bless", MODULES_LATE];
 /// Their niceness while the box boots: the lowest, so they take the CPU only when nothing on
 /// the way to serving wants it.
 pub const BOOT_NICE: i8 = 19;

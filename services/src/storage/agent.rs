@@ -40,14 +40,13 @@ pub fn up() -> anyhow::Result<()> {
         Ok(())
     });
     // The imports no longer wait on udev: drives (hot-plugged ones, a new pool's) get udev's full
-    // rules from now on, blkid's probe included. Done or failed, the attempt is over. Once per
-    // boot: a restart of this service finds the flag made and the members probed.
+    // rules from now on, blkid's probe included. Done or failed, the attempt is over. The members
+    // themselves are probed once the box serves (`probe`).
     let flag = std::path::Path::new(paths::IMPORT_DONE);
     if !flag.exists() {
         let made = flag.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(flag, b""));
-        match made {
-            Ok(()) => probe_members(&plan.pools),
-            Err(e) => say(format!("cannot create {}: {e}; udev keeps skipping blkid for new drives", flag.display())),
+        if let Err(e) = made {
+            say(format!("cannot create {}: {e}; udev keeps skipping blkid for new drives", flag.display()));
         }
     }
     imports?;
@@ -252,25 +251,50 @@ fn ensure_pool(pool: &PoolPlan, bays: &[BayPlan]) -> anyhow::Result<bool> {
     Ok(false)
 }
 
-/// Replays the add events of the pools' member partitions, now that udev runs its full rules for
-/// drives: they were named without blkid's probe, and zed matches a pulled member by the vdev
-/// GUID blkid reads (libzfs records no devid for NVMe behind the kernel's native multipath).
-/// "add", not "change": zed skips a member that is healthy, but takes a change for a grown disk
-/// and reopens the pool. Not waited for: udev does it beside what follows.
-fn probe_members(pools: &[PoolPlan]) {
-    let parts: Vec<String> = pools
-        .iter()
-        .flat_map(PoolPlan::member_bays)
-        .filter_map(|bay| std::fs::canonicalize(format!("{BAY_DIR}/{bay}-part1")).ok())
-        .filter_map(|dev| dev.file_name().map(|n| format!("/sys/class/block/{}", n.to_string_lossy())))
-        .collect();
+/// How long `probe` waits for the boot to be over. nasinit says so within a minute of its
+/// start whatever becomes of the services; this bounds a box whose nasinit could not.
+const BOOT_OVER_WAIT: Duration = Duration::from_secs(90);
+
+/// The `drive-ids` service: once the box serves, replays the add events of the pools' member
+/// partitions, now that udev runs its full rules for drives. They were named without blkid's
+/// probe, and zed matches a pulled member by the vdev GUID blkid reads (libzfs records no devid
+/// for NVMe behind the kernel's native multipath). It waits for the boot to be over because
+/// blkid reading twelve members' labels took 1.26 s of udev's CPU on a one-vCPU TCG box, which
+/// the storage agent's tail and nfsd's start were waiting for. "add", not "change": zed skips a
+/// member that is healthy, but takes a change for a grown disk and reopens the pool. Settled:
+/// when this is done the identities are in udev's database.
+pub fn probe() -> anyhow::Result<()> {
+    let t = std::time::Instant::now();
+    let over = std::path::Path::new(paths::BOOT_OVER);
+    while !over.exists() && t.elapsed() < BOOT_OVER_WAIT {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    if !over.exists() {
+        say(format!("nasinit did not say the boot was over in {}s: probing now", BOOT_OVER_WAIT.as_secs()));
+    }
+    let plan = plan()?;
+    let mut bays = Vec::new();
+    let mut parts = Vec::new();
+    for bay in plan.pools.iter().flat_map(PoolPlan::member_bays) {
+        let Ok(dev) = std::fs::canonicalize(format!("{BAY_DIR}/{bay}-part1")) else { continue };
+        if let Some(name) = dev.file_name() {
+            parts.push(format!("/sys/class/block/{}", name.to_string_lossy()));
+            bays.push(bay.as_str());
+        }
+    }
     if parts.is_empty() {
-        return;
+        say("no pool member present to probe");
+        return Ok(());
     }
-    let replay = Tool::new("/usr/bin/udevadm").args(["trigger", "--action=add"]).args(&parts);
-    if let Err(e) = replay.timeout(Duration::from_secs(30)).run() {
-        say(format!("replaying the members' add events for blkid: {e:#}"));
-    }
+    let t = std::time::Instant::now();
+    Tool::new("/usr/bin/udevadm")
+        .args(["trigger", "--settle", "--action=add"])
+        .args(&parts)
+        .timeout(Duration::from_secs(60))
+        .run()
+        .context("replaying the members' add events for blkid")?;
+    say(format!("udev read the identities of {} in {} ms", bays.join(" "), t.elapsed().as_millis()));
+    Ok(())
 }
 
 /// The bays' first partitions that exist, by bay path.

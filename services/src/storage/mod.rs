@@ -3,7 +3,7 @@
 
 mod agent;
 
-pub use agent::{export, replace, up};
+pub use agent::{export, probe, replace, up};
 
 /// What a probe of a member disk found.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -429,8 +429,9 @@ fn nasctl_reports() {
         assert!(!rules.contains("vdev_id") && !rules.contains("modprobe zfs"), "{rules}");
         // While the pool was made and imported, udev skipped blkid's probe of the drives (the
         // import waits for udev to finish each member): the disk has no partition table in
-        // udev's database. Then storage replayed the members' partitions, which now carry the
-        // vdev GUID zed matches a pulled drive by; and drives get the full rules from now on.
+        // udev's database. Once the box served, drive-ids replayed the members' partitions, which
+        // now carry the vdev GUID zed matches a pulled drive by; and drives get the full rules
+        // from the import on.
         let disk = ok(vm, "udevadm info /dev/disk/by-bay/BAY01");
         assert!(disk.contains("disk/by-id/nvme-") && !disk.contains("ID_PART_TABLE_TYPE="), "{disk}");
         let guid = ok(vm, "zdb -l /dev/disk/by-bay/BAY01-part1 | awk '/^    guid:/ {print $2; exit}'");
