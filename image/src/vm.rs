@@ -150,6 +150,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
         links: links.clone(),
         usb: usb.clone(),
         secure_boot: secure_boot_keys(&opts.recipe, &plan),
+        icount: false,
     };
     nasos_qemu::prepare_state(&spec)?;
     for l in &links {
@@ -209,6 +210,7 @@ pub fn run(opts: Options, load: impl Fn(&Path) -> anyhow::Result<Option<Loaded>>
             links: clinks,
             usb: None,
             secure_boot: secure_boot_keys(&crecipe, &cplan),
+            icount: false,
         };
         nasos_qemu::prepare_state(&cspec)?;
         let log = std::fs::File::create(cstate.join("qemu.log"))?;

@@ -59,6 +59,12 @@ pub struct Spec {
     /// Secure Boot on, with the test keys of this directory enrolled (`PK.crt`, `KEK.crt`,
     /// `db.crt`, `owner.guid`: what `nasos keygen --secure-boot` writes).
     pub secure_boot: Option<PathBuf>,
+    /// The guest's clock counts instructions, one nanosecond each, and skips its idle time
+    /// (QEMU's `-icount shift=0,sleep=off`; one vCPU): the same boot then takes the same virtual
+    /// time within ±0.1 s whatever else the host does, where real time varies by ±20 %. It counts
+    /// the guest's work, not QEMU's emulation of its devices: a benchmark's tool for ranking
+    /// changes to what the guest does, never for a test's timeouts.
+    pub icount: bool,
 }
 
 /// Makes `out`, an EFI variable store holding only the keys of `keys` (PK, KEK, db) with Secure
@@ -165,7 +171,10 @@ pub fn command(spec: &Spec) -> Command {
         OVMF_CODE
     };
     let cpus = spec.cpus.max(1).to_string();
-    if spec.cpus > 1 {
+    if spec.icount {
+        // Counting instructions needs one TCG thread.
+        c.args(["-accel", "tcg", "-cpu", "max", "-smp", "1", "-icount", "shift=0,sleep=off"]);
+    } else if spec.cpus > 1 {
         c.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", &cpus]);
     } else {
         c.args(["-accel", "tcg", "-cpu", "max", "-smp", "1"]);

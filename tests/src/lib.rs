@@ -192,7 +192,7 @@ pub fn boot_again(dir: &Path, tag: &str, memory_mib: u32, link: Link) -> Vm {
 
 /// [`boot_again`], with Secure Boot on and the test keys of `secure_boot` enrolled when given.
 pub fn boot_again_with(dir: &Path, tag: &str, memory_mib: u32, link: Link, secure_boot: Option<PathBuf>) -> Vm {
-    start(dir, tag, memory_mib, link, secure_boot, TEST_CPUS)
+    start(dir, tag, memory_mib, link, secure_boot, TEST_CPUS, false)
 }
 
 /// Virtual CPUs of a test VM: one. Two (multi-threaded TCG, the host's second core) made boots
@@ -207,10 +207,24 @@ pub const TEST_CPUS: u32 = 1;
 
 /// [`boot_again`] with `cpus` virtual CPUs (the boot benchmark boots both sides with one).
 pub fn boot_again_cpus(dir: &Path, tag: &str, memory_mib: u32, link: Link, cpus: u32) -> Vm {
-    start(dir, tag, memory_mib, link, None, cpus)
+    start(dir, tag, memory_mib, link, None, cpus, false)
 }
 
-fn start(dir: &Path, tag: &str, memory_mib: u32, link: Link, secure_boot: Option<PathBuf>, cpus: u32) -> Vm {
+/// [`boot_again`] on one vCPU whose clock counts instructions (see `nasos_qemu::Spec::icount`):
+/// the boot benchmark's A/B mode.
+pub fn boot_again_icount(dir: &Path, tag: &str, memory_mib: u32, link: Link) -> Vm {
+    start(dir, tag, memory_mib, link, None, 1, true)
+}
+
+fn start(
+    dir: &Path,
+    tag: &str,
+    memory_mib: u32,
+    link: Link,
+    secure_boot: Option<PathBuf>,
+    cpus: u32,
+    icount: bool,
+) -> Vm {
     let state = dir.join(format!("vm-{tag}"));
     let disk = state.join("run.qcow2");
     let spec = Spec {
@@ -224,6 +238,7 @@ fn start(dir: &Path, tag: &str, memory_mib: u32, link: Link, secure_boot: Option
         links: vec![link],
         usb: None,
         secure_boot,
+        icount,
     };
     Vm::start(&spec, &dir.join(format!("console-{tag}.log"))).expect("start QEMU")
 }
