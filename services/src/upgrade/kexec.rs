@@ -53,7 +53,7 @@ pub fn command_line(uki_cmdline: &str, entry_name: &str) -> String {
 /// of nasos's (an operator's, say) only systemd-boot can start: the reboot goes through it.
 pub fn target(entries: &[(String, entry::Entry)], oneshot: Option<&str>) -> anyhow::Result<String> {
     if let Some(id) = oneshot
-        && !entries.iter().any(|(n, _)| entry::id(n).as_deref() == Some(id))
+        && !super::status::is_nasos_entry(entries, id)
     {
         bail!("the one-shot entry {id} is not one of nasos's boot entries; systemd-boot starts it");
     }

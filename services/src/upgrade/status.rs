@@ -67,6 +67,25 @@ pub fn boots_next(entries: &[(String, entry::Entry)], oneshot: Option<&str>) -> 
         .map(|(n, _)| n.clone())
 }
 
+/// Whether `id` (a one-shot entry's, without a counter) names one of nasos's entries.
+pub fn is_nasos_entry(entries: &[(String, entry::Entry)], id: &str) -> bool {
+    entries.iter().any(|(n, _)| entry::id(n).as_deref() == Some(id))
+}
+
+/// [`boots_next`] as `nasctl upgrade status` says it: a one-shot entry that is not one of
+/// nasos's (the firmware's setup, an operator's entry) is what systemd-boot starts if it has
+/// it, so it is named first, with what boots otherwise.
+pub fn next_described(entries: &[(String, entry::Entry)], oneshot: Option<&str>) -> Option<String> {
+    let next = boots_next(entries, oneshot);
+    match oneshot {
+        Some(id) if !is_nasos_entry(entries, id) => Some(format!(
+            "{id} (a one-shot entry that is not nasos's; if systemd-boot has none by that name: {})",
+            next.as_deref().unwrap_or("nothing")
+        )),
+        _ => next,
+    }
+}
+
 /// Versions in semver order (text order for what is not semver).
 pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
     match (semver::Version::parse(a), semver::Version::parse(b)) {
@@ -110,7 +129,7 @@ pub fn view(disk: &BootDisk, esp: &Esp, running_version: &str, st: &State, onesh
     StatusView {
         running_version: running_version.to_string(),
         slots,
-        boots_next: boots_next(&entries, oneshot),
+        boots_next: next_described(&entries, oneshot),
         history: history::read(st),
     }
 }
@@ -158,5 +177,22 @@ mod tests {
         let both = [e("nasos-0.3.0.efi"), e("nasos-0.2.0+1.efi")];
         assert_eq!(boots_next(&both, Some("nasos-0.2.0.efi")).as_deref(), Some("nasos-0.2.0+1.efi"));
         assert_eq!(boots_next(&both, Some("nasos-9.9.9.efi")).as_deref(), Some("nasos-0.3.0.efi"));
+    }
+
+    #[test]
+    fn a_one_shot_entry_that_is_not_nasos_is_named_first() {
+        let e = |n: &str| (n.to_string(), entry::parse(n).expect("entry"));
+        let both = [e("nasos-0.3.0.efi"), e("nasos-0.2.0+1.efi")];
+        assert_eq!(next_described(&both, None).as_deref(), Some("nasos-0.3.0.efi"));
+        assert_eq!(next_described(&both, Some("nasos-0.2.0.efi")).as_deref(), Some("nasos-0.2.0+1.efi"));
+        assert_eq!(
+            next_described(&both, Some("auto-reboot-to-firmware-setup")).as_deref(),
+            Some(
+                "auto-reboot-to-firmware-setup (a one-shot entry that is not nasos's; if systemd-boot has \
+                 none by that name: nasos-0.3.0.efi)"
+            )
+        );
+        assert!(!is_nasos_entry(&both, "auto-reboot-to-firmware-setup"));
+        assert!(is_nasos_entry(&both, "nasos-0.2.0.efi"));
     }
 }
