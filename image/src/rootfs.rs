@@ -70,6 +70,7 @@ pub fn build(cache: &Cache, packages: &[String], lock: Option<&Lock>, epoch: u64
         include: packages,
         // Documentation, manuals and translations are not needed on an appliance; copyrights stay.
         slim: true,
+        essential: &[],
         customize: &[],
         what: "mmdebstrap",
     };
@@ -86,6 +87,9 @@ pub struct Bootstrap<'a> {
     pub include: &'a [String],
     /// Leave out documentation, manuals and translations.
     pub slim: bool,
+    /// Hooks run once the essential packages are installed, before the rest are unpacked
+    /// (mmdebstrap's `--essential-hook`, `$1` the tree).
+    pub essential: &'a [String],
     /// Hooks run once the packages are installed (mmdebstrap's `--customize-hook`, `$1` the tree).
     pub customize: &'a [String],
     /// What the progress line calls it.
@@ -153,6 +157,7 @@ pub fn bootstrap(
         // sync-in gives the directory the owner of `seed`: the user who builds, in mmdebstrap's
         // unshare mode. The tree's is root's, whoever builds it.
         .arg("--setup-hook=chown 0:0 \"$1\"/var/cache/apt/archives")
+        .args(b.essential.iter().map(|h| format!("--essential-hook={h}")))
         .args(b.customize.iter().map(|h| format!("--customize-hook={h}")))
         .arg(format!("--customize-hook=sync-out /var/cache/apt/archives {}", q(&archives)))
         // The installed list, and apt's indexes, which say which archive each .deb is from (read

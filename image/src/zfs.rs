@@ -5,6 +5,13 @@
 //! nothing afterwards. The cache keeps a record beside the modules — the inputs that made them
 //! and each file's sha256 — and a cached module that does not match it is rebuilt, with a line
 //! saying so.
+//!
+//! One patch is applied to ZFS's source before DKMS builds it
+//! (`patches/zfs-no-load-benchmarks.patch`): the module no longer benchmarks every fletcher-4,
+//! RAID-Z, SHA-2 and BLAKE3 implementation each time it loads (about 1 s of every boot under
+//! QEMU's TCG, 0.1–0.2 s on an EPYC) but takes the last supported implementation of each, the
+//! choice ZFS's userspace build already makes. Its text is part of the module's cache key, and a
+//! built module that still has the benchmarks is refused.
 
 use std::path::{Path, PathBuf};
 
@@ -37,9 +44,77 @@ pub fn kernel(lock: &Lock) -> anyhow::Result<(String, String)> {
     Ok((k.name.trim_start_matches("linux-image-").to_string(), k.version.clone()))
 }
 
+/// The patch applied to ZFS's source before DKMS builds it, and the name DKMS knows it by.
+pub const PATCH: &str = include_str!("../patches/zfs-no-load-benchmarks.patch");
+pub const PATCH_NAME: &str = "zfs-no-load-benchmarks.patch";
+
+/// Functions only ZFS's load-time benchmarks have: a module that has them was built without
+/// [`PATCH`].
+const BENCHMARK_SYMBOLS: [&str; 2] = ["benchmark_raidz_impl", "fletcher_4_benchmark_impl"];
+
+/// DKMS's per-module configuration (`/etc/dkms/zfs.conf`, read after the source's `dkms.conf`):
+/// it names the patch DKMS applies to its copy of the source before it builds.
+fn dkms_conf() -> String {
+    format!("# nasos: applied to DKMS's copy of the ZFS source before the build.\nPATCH[0]=\"{PATCH_NAME}\"\n")
+}
+
+/// The upstream version of a Debian package version (`2.3.9` of `2.3.9-0+deb13u1`), which names
+/// the source's folder (`/usr/src/zfs-2.3.9`).
+fn upstream(debian_version: &str) -> &str {
+    let v = debian_version.split_once(':').map_or(debian_version, |(_, v)| v);
+    v.rsplit_once('-').map_or(v, |(u, _)| u)
+}
+
+/// Which of [`BENCHMARK_SYMBOLS`] `nm`'s listing of a module names.
+fn benchmarks_left(nm: &str) -> Vec<&'static str> {
+    BENCHMARK_SYMBOLS
+        .into_iter()
+        .filter(|s| nm.lines().any(|l| l.split_whitespace().nth(2).is_some_and(|n| n.split('.').next() == Some(s))))
+        .collect()
+}
+
+/// Fails if the built `zfs.ko` (or `.ko.xz`) in `dir` still benchmarks at load.
+fn check_patched(dir: &Path) -> anyhow::Result<()> {
+    let (xz, plain) = (dir.join("zfs.ko.xz"), dir.join("zfs.ko"));
+    let listing = if xz.exists() {
+        let scratch = dir.with_extension("nm.ko");
+        let o = std::process::Command::new("xz").arg("-dc").arg(&xz).output().context("running xz -dc")?;
+        if !o.status.success() {
+            bail!("xz -dc {} failed: {}", xz.display(), String::from_utf8_lossy(&o.stderr));
+        }
+        std::fs::write(&scratch, o.stdout)?;
+        let listing = nm(&scratch);
+        let _ = std::fs::remove_file(&scratch);
+        listing?
+    } else {
+        nm(&plain)?
+    };
+    let left = benchmarks_left(&listing);
+    if !left.is_empty() {
+        bail!(
+            "DKMS built zfs without {PATCH_NAME} (the module still has {}): is /etc/dkms/zfs.conf read by this DKMS?",
+            left.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn nm(ko: &Path) -> anyhow::Result<String> {
+    let o = std::process::Command::new("nm").arg(ko).output().context("running nm")?;
+    if !o.status.success() {
+        bail!("nm {} failed: {}", ko.display(), String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The record's line for the patch.
+fn patch_line() -> String {
+    format!("patch {PATCH_NAME} {}\n", crate::stage::sha256_bytes(PATCH.as_bytes()))
+}
+
 /// The cache directory holding the modules built for these versions in this build root.
 pub fn cached(cache: &Cache, v: &Versions, build_root: &[LockedPackage]) -> PathBuf {
-    let id = crate::stage::sha256_bytes(build_root_lines(build_root).as_bytes());
+    let id = crate::stage::sha256_bytes(format!("{}{}", build_root_lines(build_root), patch_line()).as_bytes());
     cache.root.join("zfs").join(format!("{}_{}_{}", v.kernel_release, v.zfs_version.replace(':', "%3a"), &id[..16]))
 }
 
@@ -59,11 +134,12 @@ fn build_root_lines(build_root: &[LockedPackage]) -> String {
 /// What made the modules: the first lines of their record.
 fn inputs(v: &Versions, build_root: &[LockedPackage]) -> String {
     format!(
-        "kernel {} {}\nzfs {}\nsource {} {SUITE}\n{}",
+        "kernel {} {}\nzfs {}\nsource {} {SUITE}\n{}{}",
         v.kernel_release,
         v.kernel_version,
         v.zfs_version,
         SOURCES.join(" | "),
+        patch_line(),
         build_root_lines(build_root)
     )
 }
@@ -145,6 +221,19 @@ pub fn ensure(cache: &Cache, v: &Versions, locked: &[LockedPackage], epoch: u64)
     let include =
         [format!("linux-headers-{}={}", v.kernel_release, v.kernel_version), format!("zfs-dkms={}", v.zfs_version)];
     let kr = &v.kernel_release;
+    // The patch and DKMS's configuration go in before zfs-dkms is unpacked, so the build its
+    // postinst starts is already the patched one.
+    let inputs_dir = cache.root.join("zfs").join(format!("build.{}.in", std::process::id()));
+    let _ = std::fs::remove_dir_all(&inputs_dir);
+    std::fs::create_dir_all(&inputs_dir)?;
+    std::fs::write(inputs_dir.join(PATCH_NAME), PATCH)?;
+    std::fs::write(inputs_dir.join("zfs.conf"), dkms_conf())?;
+    let patches = format!("/usr/src/zfs-{}/patches", upstream(&v.zfs_version));
+    let essential = [
+        format!("mkdir -p \"$1\"{patches} \"$1\"/etc/dkms"),
+        format!("upload {} {patches}/{PATCH_NAME}", shell_quote(&inputs_dir.join(PATCH_NAME).display().to_string())),
+        format!("upload {} /etc/dkms/zfs.conf", shell_quote(&inputs_dir.join("zfs.conf").display().to_string())),
+    ];
     let hooks = [
         // zfs-dkms builds in its postinst for the kernels it finds; build explicitly for the
         // image's kernel too, in case the postinst aimed at the host's.
@@ -157,13 +246,17 @@ pub fn ensure(cache: &Cache, v: &Versions, locked: &[LockedPackage], epoch: u64)
         variant: "buildd",
         include: &include,
         slim: false,
+        essential: &essential,
         customize: &hooks,
         what: "the ZFS build root (mmdebstrap + DKMS)",
     };
-    let build_root = crate::rootfs::bootstrap(cache, &root, locked, epoch, Path::new("/dev/null"))?;
+    let built = crate::rootfs::bootstrap(cache, &root, locked, epoch, Path::new("/dev/null"));
+    let _ = std::fs::remove_dir_all(&inputs_dir);
+    let build_root = built?;
     if !tmp.join("zfs.ko.xz").exists() && !tmp.join("zfs.ko").exists() {
         bail!("DKMS finished but no zfs module was produced for {kr}");
     }
+    check_patched(&tmp)?;
     crate::stage::write_atomic(&tmp.join(RECORD), record_text(&tmp, v, &build_root)?.as_bytes())?;
     // Kept under the build root it was made in, whether or not the lock names that one.
     let dir = cached(cache, v, &build_root);
@@ -304,6 +397,30 @@ mod tests {
             check(&d, &v, &b)
         );
         std::fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[test]
+    fn the_patch_goes_where_dkms_looks_for_it() {
+        assert_eq!(upstream("2.3.9-0+deb13u1"), "2.3.9");
+        assert_eq!(upstream("1:2.3.9-0+deb13u1"), "2.3.9");
+        assert_eq!(upstream("2.3.9"), "2.3.9");
+        assert!(dkms_conf().contains(&format!("PATCH[0]=\"{PATCH_NAME}\"")));
+        // Every file the patch changes is one of ZFS's, relative to the source's root (DKMS
+        // applies it with -p1 in its copy of the source).
+        let files: Vec<&str> = PATCH.lines().filter_map(|l| l.strip_prefix("+++ b/")).collect();
+        assert_eq!(files, ["module/zcommon/zfs_fletcher.c", "module/zfs/vdev_raidz_math.c", "module/zfs/zfs_chksum.c"]);
+        assert!(inputs(&versions(), &build_root()).contains(&patch_line()));
+    }
+
+    #[test]
+    fn a_module_that_still_benchmarks_at_load_is_refused() {
+        // `nm zfs.ko` of Debian's zfs-dkms 2.3.9 (excerpt), and of the patched build.
+        let stock = "00000000001d4470 t __pfx_benchmark_raidz_impl\n00000000001d4480 t benchmark_raidz_impl\n\
+                     0000000000041e00 t fletcher_4_benchmark_impl.constprop.0\n00000000001f7c80 t chksum_benchit\n";
+        assert_eq!(benchmarks_left(stock), ["benchmark_raidz_impl", "fletcher_4_benchmark_impl"]);
+        let patched =
+            "00000000001f7c80 t chksum_benchit\n0000000000041df0 T fletcher_4_init\n                 U memcpy\n";
+        assert!(benchmarks_left(patched).is_empty());
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! init, Debian's own units (zfs-import-cache, nfs-kernel-server with `rdma=y`), an admin's
 //! oneshot that makes the soft-RoCE device on enp0s2 (10.99.0.1/24), and pool `tank` (2 × 6-wide
 //! raidz2 over the 12 emulated NVMe bays) created once on a provisioning boot, exporting
-//! `/tank/export`. Built here once (mmdebstrap, the same kernel as the appliance and the ZFS
-//! module nasos built for it) and cached by the hash of its configuration, its outputs checked
+//! `/tank/export`. Built here once (mmdebstrap, the same kernel as the appliance, and ZFS's
+//! module built by Debian's zfs-dkms as an admin's `apt install` does: stock, where nasos's
+//! build patches out the module's load-time benchmarks) and cached by the hash of its configuration, its outputs checked
 //! against the hashes recorded when they were made. Its probe unit prints `REFSYS-SERVING
 //! uptime=S` on the console once the pool is imported and nfsd listens on tcp 2049 and rdma
 //! 20049, on every boot.
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nasos_qemu::Vm;
 
-use crate::{nasos_cache, repo, sha256};
+use crate::{repo, sha256};
 
 /// The reference's address on its network (the appliance's qemu-dev data address is 10.77.0.1).
 pub const ADDRESS: &str = "10.99.0.1";
@@ -27,18 +28,19 @@ pub const MEMORY: u32 = 2048;
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 
-/// The reference's packages, beside the kernel (stock initramfs-tools, as an installed system).
+/// The reference's packages, beside the kernel and its headers (stock initramfs-tools, as an
+/// installed system; zfs-dkms builds the module in its postinst).
 const PACKAGES: &str = "initramfs-tools,zstd,systemd-sysv,udev,dbus,kmod,e2fsprogs,iproute2,procps,\
-                        zfsutils-linux,zfs-zed,nfs-kernel-server,rdma-core";
+                        zfs-dkms,zfsutils-linux,zfs-zed,nfs-kernel-server,rdma-core";
 
 /// The admin's configuration of the stock system (mmdebstrap customize hook; $1 = root, $2 =
-/// the ZFS modules, $3 = this bench's guest files).
+/// this bench's guest files).
 const CUSTOMIZE: &str = r#"set -eu
-R=$1 ZMOD=$2 G=$3
+R=$1 G=$2
 KVER=$(ls "$R/usr/lib/modules")
-mkdir -p "$R/usr/lib/modules/$KVER/updates/dkms"
-cp "$ZMOD"/*.ko* "$R/usr/lib/modules/$KVER/updates/dkms/"
-chroot "$R" depmod -a "$KVER"
+# zfs-dkms's postinst built the module for the kernel whose headers it found; make sure.
+chroot "$R" dkms autoinstall -k "$KVER"
+ls "$R/usr/lib/modules/$KVER/updates/dkms/zfs.ko"* >/dev/null
 echo refsys > "$R/etc/hostname"
 echo '/dev/vda / ext4 errors=remount-ro 0 1' > "$R/etc/fstab"
 echo FSTYPE=ext4 > "$R/etc/initramfs-tools/conf.d/root-fstype"
@@ -127,28 +129,14 @@ fn sources() -> Vec<String> {
         .collect()
 }
 
-/// The ZFS modules nasos built for `kver`, in nasos's cache.
-fn zfs_modules(kver: &str) -> PathBuf {
-    std::fs::read_dir(nasos_cache().join("zfs"))
-        .expect("nasos's ZFS cache (build the appliance first)")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{kver}_"))))
-        .unwrap_or_else(|| panic!("no ZFS module for {kver} in nasos's cache"))
-}
-
 /// Builds the reference image once (cached by the hash of its configuration; the outputs are
 /// checked against the hashes recorded with them); returns its directory.
 pub fn image(dir: &Path) -> PathBuf {
     let kver = kernel_release();
-    let zmod = zfs_modules(&kver);
     let sources = sources();
     let mut config = format!("{kver}\n{}\n{PACKAGES}\n{CUSTOMIZE}", sources.join("\n"));
     for (name, text) in GUEST {
         config.push_str(&format!("{name}\n{text}"));
-    }
-    for m in ["spl.ko.xz", "zfs.ko.xz"] {
-        config.push_str(&sha256(&zmod.join(m)));
     }
     let stamp = {
         let p = dir.join("config");
@@ -178,12 +166,12 @@ pub fn image(dir: &Path) -> PathBuf {
     std::fs::write(dir.join("customize.sh"), CUSTOMIZE).expect("customize");
     let root = dir.join("rootfs");
     let _ = std::fs::remove_dir_all(&root);
-    let hook = format!("sh {} \"$1\" {} {}", dir.join("customize.sh").display(), zmod.display(), guest.display());
+    let hook = format!("sh {} \"$1\" {}", dir.join("customize.sh").display(), guest.display());
     eprintln!("reference image: mmdebstrap trixie (minbase, systemd, kernel {kver})");
     sh(
         Command::new("mmdebstrap")
             .args(["--variant=minbase", "--quiet"])
-            .arg(format!("--include=linux-image-{kver},{PACKAGES}"))
+            .arg(format!("--include=linux-image-{kver},linux-headers-{kver},{PACKAGES}"))
             .arg(format!("--customize-hook={hook}"))
             .args(["trixie"])
             .arg(&root)
