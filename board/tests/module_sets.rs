@@ -1,8 +1,8 @@
-//! The module sets each shipped recipe gets: storage waits for its drives' driver and zfs, not
-//! for nfsd or the NIC's; the sets serving needs load as equals, and the late set (nothing
-//! serving needs) loads after it; zed and the snapshot agent start with the pool, not after
-//! serving; a box that boots from NVMe replays the drives' events (their driver loaded before
-//! udevd ran).
+//! The module sets each shipped recipe gets: the drives' driver loads before udevd starts, and
+//! the storage set replays only the drives' block devices for it; storage waits for its drives'
+//! driver and zfs, not for nfsd or the NIC's; the sets serving needs load as equals, and the late
+//! set (nothing serving needs) loads after it; zed and the snapshot agent start with the pool,
+//! not after serving; a box that boots from NVMe has its drives' driver from the initramfs.
 
 use std::path::Path;
 
@@ -31,14 +31,19 @@ fn storage_starts_once_its_own_drivers_are_in() {
     assert_eq!(
         sets(&p),
         [
+            "modules-drives: nvme bays=false replay=false",
             "modules: virtio_net virtio_pci i6300esb vfat bays=false replay=false",
-            "modules-storage: nvme zfs bays=true replay=false",
+            "modules-storage: zfs bays=true replay=true",
             "modules-net: rdma_rxe nf_tables nft_ct bays=false replay=false",
             "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false replay=false",
             "modules-late: xhci_pci ib_uverbs rdma_ucm bays=false replay=false",
         ]
     );
-    assert_eq!(after(&p, "storage"), ["modules", "modules-storage"]);
+    // udev starts once the drives' driver is in, so it sees none of their controllers' events.
+    assert_eq!(after(&p, "modules-drives"), [] as [&str; 0]);
+    assert_eq!(after(&p, "udev"), ["modules-drives"]);
+    assert_eq!(after(&p, "modules-storage"), ["udev"]);
+    assert_eq!(after(&p, "storage"), ["modules", "modules-drives", "modules-storage"]);
     assert_eq!(after(&p, "fabric"), ["modules", "modules-net", "firewall"]);
     assert_eq!(after(&p, "nfs"), ["modules", "modules-nfs", "storage", "fabric"]);
     // The USB controller loads once the box serves, and nothing on the way waits for it.
@@ -54,9 +59,18 @@ fn storage_starts_once_its_own_drivers_are_in() {
     // What serving waits for runs at full priority from the start; what it does not yields the
     // CPU while the box boots.
     let nice = |name: &str| p.services.iter().find(|s| s.name == name).map(|s| s.boot_nice);
-    for s in
-        ["udev", "modules", "modules-storage", "modules-net", "modules-nfs", "firewall", "fabric", "storage", "nfs"]
-    {
+    for s in [
+        "modules-drives",
+        "udev",
+        "modules",
+        "modules-storage",
+        "modules-net",
+        "modules-nfs",
+        "firewall",
+        "fabric",
+        "storage",
+        "nfs",
+    ] {
         assert_eq!(nice(s), Some(0), "{s}");
     }
     for s in ["console", "zed", "drive-ids", "snapshots", "replication", "health", "bless", "modules-late"] {
@@ -72,11 +86,15 @@ fn a_box_booting_from_nvme_replays_its_drives_events() {
     let p = plan("ts-h1290fx.toml");
     let storage = p.kernel.module_sets.iter().find(|s| s.service == "modules-storage").expect("storage set");
     assert!(storage.bays && storage.replay_drives, "{:?}", sets(&p));
+    // The initramfs loaded the driver (the root is on NVMe): no set of its own, and udev waits
+    // for nothing.
+    assert!(p.services.iter().all(|s| s.name != "modules-drives"), "{:?}", sets(&p));
+    assert!(after(&p, "udev").is_empty());
 }
 
 #[test]
 fn a_box_without_pools_waits_for_no_bays() {
     let p = plan("qemu-client.toml");
     assert!(p.kernel.module_sets.iter().all(|s| !s.bays), "{:?}", sets(&p));
-    assert!(p.services.iter().all(|s| s.name != "modules-storage"));
+    assert!(p.services.iter().all(|s| s.name != "modules-storage" && s.name != "modules-drives"));
 }

@@ -116,16 +116,19 @@ pub struct KernelPlan {
 /// Modules one `nasinit load-modules SERVICE` oneshot loads.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModuleSet {
-    /// The service that loads the set (`modules`, `modules-storage`, `modules-net`, `modules-nfs`).
+    /// The service that loads the set (`modules-drives`, `modules`, `modules-storage`,
+    /// `modules-net`, `modules-nfs`, `modules-late`).
     pub service: String,
     /// The modules, in load order (modprobe brings their dependencies).
     pub modules: Vec<String>,
-    /// The drives' driver is in this set: once loaded, wait for udev to name the bays.
+    /// Once this set's modules are in, wait for the bays to be named (the storage set: only
+    /// storage needs the names at boot).
     pub bays: bool,
-    /// The initramfs loaded the drives' driver (the box boots from NVMe), so the drives appeared
-    /// before udevd ran: their add events are replayed for udev to name the bays. Otherwise the
-    /// driver loads in this set and udev sees each drive appear; nothing else needs replaying
-    /// (a full coldplug costs seconds of udev work under emulation, for no rule the box uses).
+    /// The drives' driver loaded before udevd ran (in the initramfs, when the box boots from
+    /// NVMe, or in `modules-drives`): the drives' block devices' add events are replayed, for
+    /// udev to name the bays and for libzfs's import, which waits for udev on each member.
+    /// Nothing else is replayed (a full coldplug costs seconds of udev work under emulation,
+    /// for no rule the box uses).
     pub replay_drives: bool,
 }
 

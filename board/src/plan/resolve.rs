@@ -7,8 +7,8 @@ use crate::units::parse_size;
 use nasos_layout::paths::EXPORT_ROOT;
 
 use super::services::{
-    Features, MODULES, MODULES_LATE, MODULES_NET, MODULES_NFS, MODULES_STORAGE, apply_liveness, console_service,
-    services,
+    Features, MODULES, MODULES_DRIVES, MODULES_LATE, MODULES_NET, MODULES_NFS, MODULES_STORAGE, apply_liveness,
+    console_service, services,
 };
 
 /// Resolves a validated recipe on its board into a plan.
@@ -90,8 +90,13 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     for m in &r.kernel.modules {
         sets.push(MODULES, m);
     }
+    let drives_early = initramfs_modules.iter().any(|m| m == "nvme");
     if uses_zfs {
-        sets.push(MODULES_STORAGE, "nvme");
+        // Unless the initramfs has it already (the box boots from NVMe), the drives' driver
+        // loads before udevd starts, in a set of its own.
+        if !drives_early {
+            sets.push(MODULES_DRIVES, "nvme");
+        }
         sets.push(MODULES_STORAGE, "zfs");
     }
     for link in &r.network.links {
@@ -128,11 +133,9 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
         // image, and loaded before then so the first mount does not wait on it.
         sets.push(MODULES_NFS, "rpcsec_gss_krb5");
     }
-    // The bays' driver; with pools, the set it landed in waits for udev to name the bays (only
-    // storage needs the names at boot).
+    // The bays' driver, for a box without pools (an operator may look at the drives).
     sets.push(MODULES, "nvme");
-    let drives_early = initramfs_modules.iter().any(|m| m == "nvme");
-    let module_sets = sets.into_sets(uses_zfs, drives_early);
+    let module_sets = sets.into_sets(uses_zfs);
     let modules: Vec<String> = module_sets.iter().flat_map(|s| s.modules.iter().cloned()).collect();
     let mut module_options: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     if uses_zfs {
@@ -545,22 +548,23 @@ impl ModuleSets {
         }
     }
 
-    /// The sets in start order, the base set first; with `wait_bays`, the one holding `nvme`
-    /// waits for the bays.
-    fn into_sets(self, wait_bays: bool, drives_early: bool) -> Vec<ModuleSet> {
-        let order = [MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS, MODULES_LATE];
+    /// The sets in start order; with `pools`, the storage set replays the drives' events (their
+    /// driver was in before udevd ran: in the initramfs or the drives' set) and waits for the
+    /// bays.
+    fn into_sets(self, pools: bool) -> Vec<ModuleSet> {
+        let order = [MODULES_DRIVES, MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS, MODULES_LATE];
         let mut sets = self.sets;
         sets.sort_by_key(|(s, _)| order.iter().position(|o| o == s));
         sets.into_iter()
             .map(|(service, modules)| {
-                let bays = wait_bays && modules.iter().any(|m| m == "nvme");
+                let bays = pools && service == MODULES_STORAGE;
                 // Every set but the late one is on the way to serving (storage needs zfs, fabric
                 // the NIC's and RDMA's modules, nfs nfsd's), so they share the CPU as equals.
                 // (Niced, the net and nfs sets finished 10 s after the others, and serving
                 // waited.) The late set runs at its service's boot niceness, which ends when the
                 // boot does: a niceness of its own kept its modprobes at 19 after that, behind
                 // health's and zed's first rounds, and the box's "ready" waited 10-20 s for them.
-                ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays && drives_early }
+                ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays }
             })
             .collect()
     }

@@ -1,6 +1,6 @@
-//! The service graph of a plan: the console, then the module sets side by side (`modules`,
-//! `modules-storage`, `modules-net`, `modules-nfs`) → firewall → fabric, storage → nfs → health
-//! → bless, each service after the sets it needs.
+//! The service graph of a plan: the console, the drives' driver (`modules-drives`) → udev → the
+//! module sets side by side (`modules`, `modules-storage`, `modules-net`, `modules-nfs`) →
+//! firewall → fabric, storage → nfs → health → bless, each service after the sets it needs.
 
 use super::*;
 use crate::recipe::Liveness;
@@ -59,6 +59,7 @@ pub(super) fn console_service(login: RootLogin, has_hash: bool, device: &str, ba
 /// Every service name a plan may have, for recipe settings that name services.
 pub const SERVICE_NAMES: &[&str] = &[
     "console",
+    MODULES_DRIVES,
     "udev",
     MODULES,
     MODULES_STORAGE,
@@ -81,6 +82,11 @@ pub const SERVICE_NAMES: &[&str] = &[
 /// storage needs (the drives' driver, zfs), what the links need (NIC, RDMA, nftables), what
 /// NFS needs (nfsd, its RDMA transport).
 pub const MODULES: &str = "modules";
+/// The drives' driver alone, before udevd starts: udev then never sees the ~48 events of the
+/// drives' controllers, generic character devices, hwmon sensors and subsystems (about 2 s of
+/// udev's CPU under TCG, for no rule the box uses), and the storage set replays only the drives'
+/// block devices, whose rules name the bays and which libzfs's import waits for.
+pub const MODULES_DRIVES: &str = "modules-drives";
 pub const MODULES_STORAGE: &str = "modules-storage";
 pub const MODULES_NET: &str = "modules-net";
 pub const MODULES_NFS: &str = "modules-nfs";
@@ -154,9 +160,12 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
     let modules_policy = RestartPolicy { start_limit: 3, ..oneshot.clone() };
     // udev names devices the way libzfs waits for them (a pool's partitions), and loads drivers
     // for what it finds. systemd-udevd speaks sd_notify.
-    add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[]);
     let load = |set: &str| vec![NASINIT.to_string(), agents::NASINIT_LOAD_MODULES.to_string(), set.to_string()];
-    for set in module_sets.iter().filter(|s| **s != MODULES_LATE) {
+    if module_sets.contains(&MODULES_DRIVES) {
+        add(MODULES_DRIVES, load(MODULES_DRIVES), Readiness::Exited, &modules_policy, None, &[]);
+    }
+    add("udev", vec!["/usr/lib/systemd/systemd-udevd".into()], Readiness::Notify, &daemon, None, &[MODULES_DRIVES]);
+    for set in module_sets.iter().filter(|s| **s != MODULES_LATE && **s != MODULES_DRIVES) {
         add(set, load(set), Readiness::Exited, &modules_policy, None, &["udev"]);
     }
     if network {
@@ -174,7 +183,7 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
             Readiness::Exited,
             &oneshot,
             Some(agents::STORAGE.command("export")),
-            &[MODULES, MODULES_STORAGE],
+            &[MODULES, MODULES_DRIVES, MODULES_STORAGE],
         );
         // ZFS's event daemon: it marks a pulled drive REMOVED from the hot-plug event itself
         // (without it ZFS notices only at the next I/O to that drive), swaps in a hot spare for a
@@ -215,7 +224,7 @@ pub(super) fn services(module_sets: &[&str], f: &Features) -> Vec<Service> {
         Readiness::Notify,
         &daemon,
         None,
-        &[MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS, "firewall", "storage", "zed", "nfs"],
+        &[MODULES, MODULES_DRIVES, MODULES_STORAGE, MODULES_NET, MODULES_NFS, "firewall", "storage", "zed", "nfs"],
     );
     let never = RestartPolicy { when: Restart::Never, ..oneshot.clone() };
     // Ready once it runs: a version on trial is watched for the recipe's time after the box is

@@ -273,6 +273,20 @@ fn load_modules(plan: &std::path::Path, set: &str) -> ExitCode {
         eprintln!("the plan has no module set {set} (it has: {})", known.join(" "));
         return ExitCode::from(2);
     };
+    if set.replay_drives {
+        // The drives' driver loaded before udevd ran (in the initramfs or the drives' set):
+        // replay only the drives' block devices' add events (their rules name the bays, and
+        // libzfs's import waits for udev to have seen each member), not a coldplug of every
+        // device. First, so that udev works through them while this set's modules load.
+        let t = Instant::now();
+        let replay = Tool::new("/usr/bin/udevadm")
+            .args(["trigger", "--action=add", "--subsystem-match=block", "--sysname-match=nvme*"])
+            .timeout(Duration::from_secs(40));
+        match replay.run() {
+            Ok(_) => println!("replayed the drives' add events in {} ms", t.elapsed().as_millis()),
+            Err(e) => println!("{e}"),
+        }
+    }
     let mut failed = Vec::new();
     for m in &set.modules {
         let options = plan.kernel.module_options.get(m).into_iter().flatten().map(|(k, v)| format!("{k}={v}"));
@@ -292,18 +306,6 @@ fn load_modules(plan: &std::path::Path, set: &str) -> ExitCode {
         }
     }
     if set.bays {
-        if set.replay_drives {
-            // The initramfs loaded the drives' driver before udevd ran: replay only the drives'
-            // add events (their rules name the bays), not a coldplug of every device.
-            let t = Instant::now();
-            let replay = Tool::new("/usr/bin/udevadm")
-                .args(["trigger", "--action=add", "--subsystem-match=block", "--sysname-match=nvme*"])
-                .timeout(Duration::from_secs(40));
-            match replay.run() {
-                Ok(_) => println!("replayed the drives' add events in {} ms", t.elapsed().as_millis()),
-                Err(e) => println!("{e}"),
-            }
-        }
         let t = Instant::now();
         let linked = early::wait_for_bays(&plan.bays, Duration::from_secs(10));
         let missing: Vec<&str> =
