@@ -170,25 +170,21 @@ fn noticed(stderr: &str, stage: &str, file: &Path) -> bool {
     ))
 }
 
-/// The cached rootfs tarballs of qemu-dev's lock, each file once (the tarball that resolved a
-/// lock answers to two keys when that build wrote the lock: the same file under two names).
+/// The cached rootfs tarballs of qemu-dev's lock, under every name: the tarball that resolved a
+/// lock answers to two keys when that build wrote the lock (one file, two hard links), and a
+/// build from the lock looks up the second, so each name's copy must be the one changed.
 fn cached_rootfs_of_the_lock(cache: &Path) -> Vec<PathBuf> {
     // The image's packages of the lock (a cached tarball's record lists those, not the ZFS build
     // root's).
     let packages = |text: &str| toml::from_str::<toml::Value>(text).ok().and_then(|v| v.get("package").cloned());
     let lock = packages(&std::fs::read_to_string(repo().join("recipes/qemu-dev.toml.lock")).expect("lock"));
     assert!(lock.is_some(), "qemu-dev's lock lists no packages");
-    let ino = |p: &Path| {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(p).map(|m| (m.dev(), m.ino())).expect("stat")
-    };
     let mut tars: Vec<PathBuf> = Vec::new();
     for e in std::fs::read_dir(cache.join("rootfs")).expect("the rootfs cache").flatten() {
         let p = e.path();
         if p.extension().is_some_and(|x| x == "lock")
             && std::fs::read_to_string(&p).is_ok_and(|t| packages(&t) == lock)
             && p.with_extension("tar").exists()
-            && !tars.iter().any(|t| ino(t) == ino(&p.with_extension("tar")))
         {
             tars.push(p.with_extension("tar"));
         }
