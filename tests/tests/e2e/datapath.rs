@@ -1171,16 +1171,14 @@ fn link_cut_resumes() {
         // ssh and estimate take seconds under TCG, and a cut before the first record leaves no
         // token to resume from (the next round then sends afresh, rightly).
         let twin = pair.dr.as_mut().expect("the DR twin runs");
+        let took_in = |o: &str| o.lines().filter_map(|l| l.trim().parse::<u64>().ok()).any(|n| n > 4 << 20);
         let read = poll_until(
             twin,
             "for p in $(pgrep -f '^zfs receive -s'); do sed -n 's/^rchar: //p' /proc/$p/io; done; echo end",
-            |o| o.lines().filter_map(|l| l.trim().parse::<u64>().ok()).any(|n| n > 4 << 20),
+            took_in,
             Duration::from_secs(90),
         );
-        assert!(
-            read.lines().any(|l| l.trim().parse::<u64>().is_ok_and(|n| n > 4 << 20)),
-            "the twin received nothing: {read}"
-        );
+        assert!(took_in(&read), "the twin received nothing: {read}");
         let nas = &mut pair.nas;
         nas.set_link(0, false).expect("pull the cable");
         // Long enough for the sender's keepalive (3 × 3 s) to give up.
