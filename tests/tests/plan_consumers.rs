@@ -43,7 +43,6 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
     ("kernel.module_sets[].service", "init/src/bin/nasinit.rs", "s.service == set"),
     ("kernel.module_sets[].modules", "init/src/bin/nasinit.rs", "&set.modules"),
     ("kernel.module_sets[].bays", "init/src/bin/nasinit.rs", "set.bays"),
-    ("kernel.module_sets[].replay_drives", "init/src/bin/nasinit.rs", "set.replay_drives"),
     ("kernel.module_options.*", "init/src/bin/nasinit.rs", "plan.kernel.module_options"),
     // The console is the `console` service (agetty on this device at this speed).
     ("console.device", "board/src/plan/resolve.rs", "&b.console.device,"),

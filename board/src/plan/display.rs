@@ -32,11 +32,7 @@ impl fmt::Display for Plan {
         writeln!(f, "\nkernel")?;
         writeln!(f, "  initramfs modules  {}", self.kernel.initramfs_modules.join(" "))?;
         for set in &self.kernel.module_sets {
-            let then = match (set.bays, set.replay_drives) {
-                (true, true) => "; then replays the drives' udev events and waits for the bays",
-                (true, false) => "; then waits for udev to name the bays",
-                _ => "",
-            };
+            let then = if set.bays { "; replays the drives' udev events, then waits for the bays" } else { "" };
             writeln!(f, "  {:<18} {}{then}", set.service, set.modules.join(" "))?;
         }
         for (m, opts) in &self.kernel.module_options {

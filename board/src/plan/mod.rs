@@ -121,15 +121,13 @@ pub struct ModuleSet {
     pub service: String,
     /// The modules, in load order (modprobe brings their dependencies).
     pub modules: Vec<String>,
-    /// Once this set's modules are in, wait for the bays to be named (the storage set: only
-    /// storage needs the names at boot).
+    /// The storage set: before its modules load, replay the drives' block devices' add events
+    /// (their driver was in before udevd ran: in the initramfs when the box boots from NVMe, or
+    /// in `modules-drives`), for udev to name the bays and for libzfs's import, which waits for
+    /// udev on each member; once its modules are in, wait for the bays to be named. Nothing
+    /// else is replayed (a full coldplug costs seconds of udev work under emulation, for no
+    /// rule the box uses).
     pub bays: bool,
-    /// The drives' driver loaded before udevd ran (in the initramfs, when the box boots from
-    /// NVMe, or in `modules-drives`): the drives' block devices' add events are replayed, for
-    /// udev to name the bays and for libzfs's import, which waits for udev on each member.
-    /// Nothing else is replayed (a full coldplug costs seconds of udev work under emulation,
-    /// for no rule the box uses).
-    pub replay_drives: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

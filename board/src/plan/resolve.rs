@@ -87,17 +87,18 @@ pub fn resolve(r: &Recipe, b: &Board) -> Plan {
     // nothing else would bind it: a stick plugged in later (an upgrade bundle) needs it, and
     // udev loads the stick's own drivers when it appears. Serving does not: it loads late.
     sets.push(MODULES_LATE, "xhci_pci");
-    for m in &r.kernel.modules {
-        sets.push(MODULES, m);
-    }
     let drives_early = initramfs_modules.iter().any(|m| m == "nvme");
     if uses_zfs {
         // Unless the initramfs has it already (the box boots from NVMe), the drives' driver
-        // loads before udevd starts, in a set of its own.
+        // loads before udevd starts, in a set of its own; first, so that a recipe naming nvme
+        // among its modules does not move it behind udevd.
         if !drives_early {
             sets.push(MODULES_DRIVES, "nvme");
         }
         sets.push(MODULES_STORAGE, "zfs");
+    }
+    for m in &r.kernel.modules {
+        sets.push(MODULES, m);
     }
     for link in &r.network.links {
         if let Some(port) = port_of(&link.port) {
@@ -548,9 +549,7 @@ impl ModuleSets {
         }
     }
 
-    /// The sets in start order; with `pools`, the storage set replays the drives' events (their
-    /// driver was in before udevd ran: in the initramfs or the drives' set) and waits for the
-    /// bays.
+    /// The sets in start order; with `pools`, the storage set waits for the bays.
     fn into_sets(self, pools: bool) -> Vec<ModuleSet> {
         let order = [MODULES_DRIVES, MODULES, MODULES_STORAGE, MODULES_NET, MODULES_NFS, MODULES_LATE];
         let mut sets = self.sets;
@@ -564,7 +563,7 @@ impl ModuleSets {
                 // waited.) The late set runs at its service's boot niceness, which ends when the
                 // boot does: a niceness of its own kept its modprobes at 19 after that, behind
                 // health's and zed's first rounds, and the box's "ready" waited 10-20 s for them.
-                ModuleSet { service: service.to_string(), modules, bays, replay_drives: bays }
+                ModuleSet { service: service.to_string(), modules, bays }
             })
             .collect()
     }

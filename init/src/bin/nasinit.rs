@@ -273,7 +273,7 @@ fn load_modules(plan: &std::path::Path, set: &str) -> ExitCode {
         eprintln!("the plan has no module set {set} (it has: {})", known.join(" "));
         return ExitCode::from(2);
     };
-    if set.replay_drives {
+    if set.bays {
         // The drives' driver loaded before udevd ran (in the initramfs or the drives' set):
         // replay only the drives' block devices' add events (their rules name the bays, and
         // libzfs's import waits for udev to have seen each member), not a coldplug of every
