@@ -26,15 +26,18 @@ pub struct Brought {
     pub boot: u64,
     /// How the previous boot ended; `None` on a first boot.
     pub last_end: Option<BootEnd>,
+    /// How long each step took (they run before any service, so each is on the way to serving).
+    pub took: crate::early::Laps,
 }
 
 /// Finds, checks, formats if blank, and mounts the state partition; then identity, nfsd's state
 /// and this boot's record. Never fails: without a state partition the box runs on a tmpfs and
 /// says so.
 pub fn bring_up(console: &Console) -> Brought {
+    let mut took = crate::early::Laps::default();
     let st = State::mounted();
     let _ = fs::create_dir_all(&st.root);
-    let (device, created) = match mount_partition(&st.root, console) {
+    let (device, created) = match mount_partition(&st.root, console, &mut took) {
         Ok((dev, created)) => (Ok(dev), created),
         Err(why) => {
             console.say(&format!("state partition: {why}; nothing this boot does will persist"));
@@ -48,18 +51,23 @@ pub fn bring_up(console: &Console) -> Brought {
             (Err(why), false)
         }
     };
+    took.lap("mount");
     identity(&st, console);
+    took.lap("identity");
     nfs_state(&st, console);
+    took.lap("nfs state");
     let (boot, mut last_end) = record_boot(&st);
+    took.lap("boot record");
     if let Some(prev) = boot.checked_sub(1).filter(|p| *p > 0 && last_end.is_some())
         && let Some(end) = pstore(&st, prev, console)
     {
         last_end = Some(end);
     }
-    Brought { state: st, device, created, boot, last_end }
+    took.lap("pstore");
+    Brought { state: st, device, created, boot, last_end, took }
 }
 
-fn mount_partition(at: &Path, console: &Console) -> Result<(PathBuf, bool), String> {
+fn mount_partition(at: &Path, console: &Console, took: &mut crate::early::Laps) -> Result<(PathBuf, bool), String> {
     let dev = slot::state_partition(Path::new("/sys"), Path::new("/dev"))?;
     let mut created = false;
     match blkid::probe(&dev).map_err(|e| format!("probing {}: {e}", dev.display()))? {
@@ -71,9 +79,12 @@ fn mount_partition(at: &Path, console: &Console) -> Result<(PathBuf, bool), Stri
         blkid::Content::Found { kind, label: Some(label), .. }
             if kind == state::FS_TYPE && label == state::FS_LABEL =>
         {
+            took.lap("find");
             // Preen after a power loss; what it cannot fix unattended is reported and the mount
             // is still tried (the kernel refuses a filesystem it cannot use).
-            if let Err(e) = Tool::new("e2fsck").args(["-p"]).arg(&dev).timeout(Duration::from_secs(120)).run()
+            let checked = Tool::new("e2fsck").args(["-p"]).arg(&dev).timeout(Duration::from_secs(120)).run();
+            took.lap("e2fsck");
+            if let Err(e) = checked
                 && !matches!(&e, nasos_exec::Error::Failed { status, .. } if status.code() == Some(1))
             {
                 console.say(&format!("state partition check: {e}"));

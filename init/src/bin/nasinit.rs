@@ -115,8 +115,11 @@ fn read_plan(path: &std::path::Path) -> Result<Plan, String> {
 fn pid1(t0: Instant) -> ! {
     let kernel_ms = early::kernel_ms();
     let console = Console::new(false);
+    let mut took = early::Laps::default();
     early::mount_api_filesystems(&console);
+    took.lap("api filesystems");
     early::writable_overlays(&console);
+    took.lap("overlays");
     let console = Console::new(true);
     console.say(&format!("started {:.2}s after the kernel", kernel_ms as f64 / 1000.0));
     // Ctrl-Alt-Del becomes SIGINT to PID 1 (an orderly reboot) instead of the kernel's instant
@@ -125,6 +128,7 @@ fn pid1(t0: Instant) -> ! {
         console.say(&format!("cannot take Ctrl-Alt-Del from the kernel: {e}"));
     }
     let brought = state::bring_up(&console);
+    took.take(brought.took.clone());
     let facts = BootFacts {
         kernel_ms,
         boot: brought.boot,
@@ -159,6 +163,7 @@ fn pid1(t0: Instant) -> ! {
             Plan::empty("nasos")
         }
     };
+    took.lap("plan");
     early::set_hostname(&plan.image.hostname, &console);
     early::scheduler_without_autogroups(&console);
     let cgroups = match CgroupRoot::at(std::path::Path::new("/sys/fs/cgroup")) {
@@ -168,6 +173,7 @@ fn pid1(t0: Instant) -> ! {
             None
         }
     };
+    took.lap("cgroups");
     // Service logs go to this boot's directory on the state partition (kept for later boots);
     // /var/log/nasinit points there for an operator.
     let log_dir = brought.state.boot_dir(brought.boot).join("log");
@@ -185,6 +191,9 @@ fn pid1(t0: Instant) -> ! {
     };
     let mut watchdog =
         Watchdog::new(&config.plan.health.watchdog_identity, config.plan.health.watchdog_timeout_seconds, t0);
+    took.lap("logs");
+    // Everything so far is on the way to serving: no service runs yet.
+    console.say(&format!("{:.2}s before the first service: {}", t0.elapsed().as_secs_f64(), took.describe()));
     let opts = Options { config, control_socket: PathBuf::from(paths::CONTROL_SOCKET) };
     loop {
         match run(opts.clone(), t0, console.clone(), watchdog.as_mut()) {
