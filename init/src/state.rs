@@ -70,16 +70,18 @@ pub fn bring_up(console: &Console) -> Brought {
 fn mount_partition(at: &Path, console: &Console, took: &mut crate::early::Laps) -> Result<(PathBuf, bool), String> {
     let dev = slot::state_partition(Path::new("/sys"), Path::new("/dev"))?;
     let mut created = false;
-    match blkid::probe(&dev).map_err(|e| format!("probing {}: {e}", dev.display()))? {
+    let content = blkid::probe(&dev).map_err(|e| format!("probing {}: {e}", dev.display()))?;
+    took.lap("find");
+    match content {
         blkid::Content::Blank => {
             console.say(&format!("state partition {} is blank: making its filesystem (first boot)", dev.display()));
             mkfs(&dev)?;
+            took.lap("mkfs");
             created = true;
         }
         blkid::Content::Found { kind, label: Some(label), .. }
             if kind == state::FS_TYPE && label == state::FS_LABEL =>
         {
-            took.lap("find");
             // Preen after a power loss; what it cannot fix unattended is reported and the mount
             // is still tried (the kernel refuses a filesystem it cannot use).
             let checked = Tool::new("e2fsck").args(["-p"]).arg(&dev).timeout(Duration::from_secs(120)).run();
