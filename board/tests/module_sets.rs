@@ -28,11 +28,11 @@ fn storage_starts_once_its_own_drivers_are_in() {
         sets(&p),
         [
             "modules-drives: nvme bays=false",
-            "modules: virtio_net virtio_pci i6300esb vfat bays=false",
+            "modules: virtio_net virtio_pci i6300esb bays=false",
             "modules-storage: zfs bays=true",
             "modules-net: rdma_rxe nf_tables nft_ct bays=false",
             "modules-nfs: nfsd rpcrdma rpcsec_gss_krb5 bays=false",
-            "modules-late: xhci_pci ib_uverbs rdma_ucm bays=false",
+            "modules-late: vfat xhci_pci ib_uverbs rdma_ucm bays=false",
         ]
     );
     // udev starts once the drives' driver is in, so it sees none of their controllers' events.
@@ -42,7 +42,8 @@ fn storage_starts_once_its_own_drivers_are_in() {
     assert_eq!(after(&p, "storage"), ["modules", "modules-drives", "modules-storage"]);
     assert_eq!(after(&p, "fabric"), ["modules", "modules-net", "firewall"]);
     assert_eq!(after(&p, "nfs"), ["modules", "modules-nfs", "storage", "fabric"]);
-    // The USB controller loads once the box serves, and nothing on the way waits for it.
+    // The USB controller and the ESP's filesystem load once the box serves, and nothing on the
+    // way waits for them.
     assert_eq!(after(&p, "modules-late"), ["udev", "storage", "nfs"]);
     assert!(p.services.iter().all(|s| !s.after.iter().any(|a| a == "modules-late")));
     // Protecting the data does not wait for serving: zed and the snapshot agent start with the
