@@ -11,6 +11,7 @@ pub mod early;
 pub mod finish;
 pub mod firstboot;
 pub mod graph;
+pub mod laps;
 pub mod logs;
 pub mod machine;
 pub mod process;

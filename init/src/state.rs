@@ -27,14 +27,14 @@ pub struct Brought {
     /// How the previous boot ended; `None` on a first boot.
     pub last_end: Option<BootEnd>,
     /// How long each step took (they run before any service, so each is on the way to serving).
-    pub took: crate::early::Laps,
+    pub took: crate::laps::Laps,
 }
 
 /// Finds, checks, formats if blank, and mounts the state partition; then identity, nfsd's state
 /// and this boot's record. Never fails: without a state partition the box runs on a tmpfs and
 /// says so.
 pub fn bring_up(console: &Console) -> Brought {
-    let mut took = crate::early::Laps::default();
+    let mut took = crate::laps::Laps::default();
     let st = State::mounted();
     let _ = fs::create_dir_all(&st.root);
     let (device, created) = match mount_partition(&st.root, console, &mut took) {
@@ -67,7 +67,7 @@ pub fn bring_up(console: &Console) -> Brought {
     Brought { state: st, device, created, boot, last_end, took }
 }
 
-fn mount_partition(at: &Path, console: &Console, took: &mut crate::early::Laps) -> Result<(PathBuf, bool), String> {
+fn mount_partition(at: &Path, console: &Console, took: &mut crate::laps::Laps) -> Result<(PathBuf, bool), String> {
     let dev = slot::state_partition(Path::new("/sys"), Path::new("/dev"))?;
     let mut created = false;
     let content = blkid::probe(&dev).map_err(|e| format!("probing {}: {e}", dev.display()))?;

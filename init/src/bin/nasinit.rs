@@ -14,7 +14,7 @@ use nasos_init::run::{Options, run};
 use nasos_init::supervisor::Config;
 use nasos_init::view::BootFacts;
 use nasos_init::watchdog::Watchdog;
-use nasos_init::{early, finish, state};
+use nasos_init::{early, finish, laps, state};
 use nasos_layout::{agents, paths};
 
 #[derive(Parser)]
@@ -115,7 +115,7 @@ fn read_plan(path: &std::path::Path) -> Result<Plan, String> {
 fn pid1(t0: Instant) -> ! {
     let kernel_ms = early::kernel_ms();
     let console = Console::new(false);
-    let mut took = early::Laps::default();
+    let mut took = laps::Laps::default();
     early::mount_api_filesystems(&console);
     took.lap("api filesystems");
     early::writable_overlays(&console);
