@@ -18,6 +18,12 @@
 //! (`nasos_qemu::Spec::icount`), so host noise drops out (the same image repeats within ±0.1 s).
 //! It does not count QEMU's emulation of the devices, and it is not the reference's ratio:
 //! the side-by-side bench stays the judge of the whole.
+//!
+//!     cargo run --release -p nasos-tests --bin nasos-boot-bench -- --wall [ROUNDS] A B
+//!
+//! alternates the same two images in real time: what `--icount` leaves out (QEMU translating
+//! code the guest runs for the first time, emulating its devices) is much of a TCG boot's wall
+//! time, and a change can move it without moving the instruction count.
 
 use std::path::Path;
 use std::process::Command;
@@ -93,17 +99,19 @@ fn warm_up(dir: &Path, image: &Path, tag: &str) {
     warm.wait_exit(Duration::from_secs(300)).expect("the warm-up box powers off");
 }
 
-/// `--icount [ROUNDS] A B`: the two images' boots alternated, timed in instructions.
-fn icount_ab(args: &[String]) {
+/// `--icount [ROUNDS] A B` (or `--wall`): the two images' boots alternated, timed in
+/// instructions (or in real time).
+fn ab(args: &[String], icount: bool) {
+    let (flag, clock) = if icount { ("--icount", "virtual") } else { ("--wall", "real") };
     let (rounds, a, b) = match args {
         [r, a, b] => (r.parse::<usize>().expect("ROUNDS is a number").max(1), a, b),
         [a, b] => (3, a, b),
         _ => {
-            eprintln!("usage: nasos-boot-bench --icount [ROUNDS] A B (two `nasos build --out` folders)");
+            eprintln!("usage: nasos-boot-bench {flag} [ROUNDS] A B (two `nasos build --out` folders)");
             std::process::exit(2);
         }
     };
-    let dir = repo().join("build/bench/icount");
+    let dir = repo().join(if icount { "build/bench/icount" } else { "build/bench/wall" });
     std::fs::create_dir_all(&dir).expect("dir");
     // Absolute: the boots' overlays name their image as backing file.
     let absolute = |p: &String| {
@@ -120,9 +128,9 @@ fn icount_ab(args: &[String]) {
     let mut timelines: [Vec<(f64, String)>; 2] = [Vec::new(), Vec::new()];
     for round in 1..=rounds {
         for (i, (tag, image)) in images.iter().enumerate() {
-            let (s, y, timeline) = appliance_boot(&dir, &format!("warm-{tag}"), true);
+            let (s, y, timeline) = appliance_boot(&dir, &format!("warm-{tag}"), icount);
             eprintln!(
-                "round {round}/{rounds}: {tag} ({}) serving at {s:6.2} s of virtual uptime (ready {y:.2} s)",
+                "round {round}/{rounds}: {tag} ({}) serving at {s:6.2} s of {clock} uptime (ready {y:.2} s)",
                 image.display()
             );
             serving[i].push(s);
@@ -133,7 +141,7 @@ fn icount_ab(args: &[String]) {
     for (i, (tag, image)) in images.iter().enumerate() {
         let all: Vec<String> = serving[i].iter().map(|s| format!("{s:.2}")).collect();
         println!(
-            "{tag} {}: serving at {:.2} s virtual (median; {})",
+            "{tag} {}: serving at {:.2} s {clock} (median; {})",
             image.display(),
             median(&serving[i]),
             all.join(", ")
@@ -143,14 +151,16 @@ fn icount_ab(args: &[String]) {
     for (i, (tag, _)) in images.iter().enumerate() {
         timelines[i].sort_by(|x, y| x.0.total_cmp(&y.0));
         let t = &timelines[i][timelines[i].len() / 2].1;
-        println!("\n{tag}'s timeline of the median boot (virtual time):\n{t}");
+        println!("\n{tag}'s timeline of the median boot ({clock} time):\n{t}");
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--icount") {
-        return icount_ab(&args[1..]);
+    match args.first().map(String::as_str) {
+        Some("--icount") => return ab(&args[1..], true),
+        Some("--wall") => return ab(&args[1..], false),
+        _ => {}
     }
     let rounds: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5).max(1);
     let dir = repo().join("build/bench/boot");
