@@ -559,6 +559,12 @@ impl Core {
         {
             self.deadline_missed = true;
             self.out.push(Action::MissedReadyDeadline);
+            // The effects layer may answer with a reboot, whose stops go in reverse dependency
+            // order. Anything else due now waits for the next call (it is still due then, see
+            // `next_deadline`): a start timing out in this same instant would otherwise stop a
+            // service while what depends on it is still up (a dependency an operator restarted
+            // under a running dependent).
+            return self.settle(now);
         }
         for i in 0..self.services.len() {
             // In a shutdown, stopping follows the reverse order instead.
