@@ -109,8 +109,14 @@ pub fn ensure(tools: &[Tool]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long apt waits for dpkg's lock, as an apt option.
+pub const APT_LOCK_WAIT: &str = "DPkg::Lock::Timeout=600";
+
 fn apt(args: &[&str]) -> anyhow::Result<()> {
+    // Another apt (a test lane installing its own tool, the host's timers) may hold dpkg's
+    // lock for a while: wait for it rather than fail the build.
     let status = Command::new("apt-get")
+        .args(["-o", APT_LOCK_WAIT])
         .args(args)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()

@@ -406,6 +406,22 @@ pub fn mount_train(gpu: &mut Vm, transport: &str, dir: &str) {
     );
 }
 
+/// `apt-get install PACKAGE` (no recommends), waiting for dpkg's lock (the other lane may be
+/// installing its own tool), once more after `apt-get update` if a fresh machine's package
+/// lists are missing or old. Whether it succeeded.
+pub fn apt_install(package: &str) -> bool {
+    let apt = |args: &[&str]| {
+        std::process::Command::new("apt-get")
+            .args(["-o", "DPkg::Lock::Timeout=600"])
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let install = || apt(&["install", "-y", "-qq", "--no-install-recommends", package]);
+    install() || (apt(&["update", "-qq"]) && install())
+}
+
 /// A host tool a test needs beyond what `nasos` installs (e.g. `promtool`): installed with apt
 /// (no recommends) when it is missing and the tests run as root; otherwise the panic names the
 /// package to install.
@@ -414,12 +430,7 @@ pub fn host_tool(path: &str, package: &str) -> PathBuf {
         let root = std::process::Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"));
         assert!(root, "{path} is missing: install the Debian package {package}");
         eprintln!("installing {package} for {path}");
-        let st = std::process::Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends", package])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .expect("apt-get");
-        assert!(st.success() && Path::new(path).exists(), "apt-get install {package} did not provide {path}");
+        assert!(apt_install(package) && Path::new(path).exists(), "apt-get install {package} did not provide {path}");
     }
     PathBuf::from(path)
 }

@@ -57,12 +57,10 @@ fn build() {
 
 fn ensure_minisign() {
     if !Path::new("/usr/bin/minisign").exists() {
-        let install = || Command::new("apt-get").args(["install", "-y", "-q", "minisign"]).status().expect("apt-get");
-        if !install().success() {
-            // A fresh machine's package lists may be missing or old.
-            let _ = Command::new("apt-get").args(["update", "-q"]).status();
-            assert!(install().success(), "installing minisign (the reference tool the manifest is checked with)");
-        }
+        assert!(
+            nasos_tests::apt_install("minisign"),
+            "installing minisign (the reference tool the manifest is checked with)"
+        );
     }
 }
 

@@ -93,7 +93,8 @@ pub fn dcb_path() -> PathBuf {
         static INSTALL: std::sync::Once = std::sync::Once::new();
         INSTALL.call_once(|| {
             let _ = std::process::Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends", "iproute2"])
+                // Wait for dpkg's lock: a test lane may be installing its own tool.
+                .args(["-o", "DPkg::Lock::Timeout=600", "install", "-y", "--no-install-recommends", "iproute2"])
                 .env("DEBIAN_FRONTEND", "noninteractive")
                 .status();
         });
