@@ -98,7 +98,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
     let rootfs_lock = cache.lock("rootfs")?;
     stages.run_keyed("rootfs", &key, &[&tar, &resolved_path], || {
         // mmdebstrap picks its output format from the extension: keep `.tar` last.
-        let tmp = tar.with_extension(format!("tmp{}.tar", std::process::id()));
+        let tmp = crate::stage::Scratch::at(tar.with_extension(format!("tmp{}.tar", std::process::id())));
         let resolved = rootfs::build(&cache, &plan.packages, locked.as_ref(), epoch, &tmp)?;
         if let Some(l) = &locked {
             l.check(&resolved)?;
@@ -226,7 +226,7 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             std::fs::copy(tree.join(from), to)
                 .with_context(|| format!("copying /{from} out of the image (its systemd-boot-efi package)"))?;
         }
-        let tmp = crate::stage::tmp_path(&root_img);
+        let tmp = crate::stage::Scratch::beside(&root_img);
         root::erofs(&tree, &tmp, epoch, &root::fixed_uuid(&k.hex()))?;
         let erofs_mib = mib(&tmp);
         let v = root::verity(&tmp)?;
@@ -323,11 +323,11 @@ pub fn build(opts: &Options, plan: &Plan) -> anyhow::Result<Outputs> {
             ("loader/loader.conf".to_string(), b"timeout 0\neditor no\nauto-entries no\nauto-firmware no\n".to_vec()),
             (entry.clone(), std::fs::read(&uki_path)?),
         ];
-        let tmp = crate::stage::tmp_path(&disk_raw);
+        let tmp = crate::stage::Scratch::beside(&disk_raw);
         disk::build(&tmp, &Layout { esp_mib: ESP_MIB, slot_mib, data_mib: DATA_MIB }, &guids, &esp, &root_img, epoch)?;
-        let qtmp = crate::stage::tmp_path(&disk_qcow2);
+        let qtmp = crate::stage::Scratch::beside(&disk_qcow2);
         crate::progress::run_tool(
-            std::process::Command::new("qemu-img").args(["convert", "-p", "-O", "qcow2"]).arg(&tmp).arg(&qtmp),
+            std::process::Command::new("qemu-img").args(["convert", "-p", "-O", "qcow2"]).arg(&*tmp).arg(&*qtmp),
             "qemu-img convert",
         )?;
         std::fs::rename(&tmp, &disk_raw)?;

@@ -275,6 +275,42 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A temporary output, removed when dropped: a build that fails (or bails) before renaming it
+/// into place leaves nothing behind (a rootfs tarball is some 400 MB, a disk image 2 GB).
+/// Once renamed, the name is gone and the removal does nothing.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// The temporary sibling of `path` ([`tmp_path`]).
+    pub fn beside(path: &Path) -> Scratch {
+        Scratch(tmp_path(path))
+    }
+
+    /// Under an explicit name (one whose extension a tool reads, such as mmdebstrap's `.tar`).
+    pub fn at(path: PathBuf) -> Scratch {
+        Scratch(path)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The temporary name an output is built under before it is renamed into place.
 pub fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
@@ -285,6 +321,29 @@ pub fn tmp_path(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scratch_output_is_gone_unless_renamed_into_place() {
+        let dir = std::env::temp_dir().join(format!("nasos-stage-scratch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let out = dir.join("root.img");
+        {
+            let tmp = Scratch::beside(&out);
+            std::fs::write(&*tmp, b"half written").expect("write");
+            assert!(tmp.exists());
+            // A failure here: the scratch file is dropped with the error.
+        }
+        assert_eq!(std::fs::read_dir(&dir).expect("read_dir").count(), 0, "a half-written output was left");
+        {
+            let tmp = Scratch::beside(&out);
+            std::fs::write(&*tmp, b"whole").expect("write");
+            std::fs::rename(&tmp, &out).expect("rename");
+        }
+        assert_eq!(std::fs::read(&out).expect("read"), b"whole");
+        assert_eq!(std::fs::read_dir(&dir).expect("read_dir").count(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn keys_are_length_prefixed_and_stable() {
