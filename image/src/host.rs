@@ -110,7 +110,7 @@ pub fn ensure(tools: &[Tool]) -> anyhow::Result<()> {
 }
 
 /// How long apt waits for dpkg's lock, as an apt option.
-pub const APT_LOCK_WAIT: &str = "DPkg::Lock::Timeout=600";
+const APT_LOCK_WAIT: &str = "DPkg::Lock::Timeout=600";
 
 fn apt(args: &[&str]) -> anyhow::Result<()> {
     // Another apt (a test lane installing its own tool, the host's timers) may hold dpkg's

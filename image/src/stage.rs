@@ -322,11 +322,17 @@ pub fn tmp_path(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_scratch_output_is_gone_unless_renamed_into_place() {
-        let dir = std::env::temp_dir().join(format!("nasos-stage-scratch-{}", std::process::id()));
+    /// An empty folder of this test process's own, named for the test.
+    fn fresh_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("nasos-stage-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    #[test]
+    fn a_scratch_output_is_gone_unless_renamed_into_place() {
+        let dir = fresh_dir("scratch");
         let out = dir.join("root.img");
         {
             let tmp = Scratch::beside(&out);
@@ -359,9 +365,7 @@ mod tests {
 
     #[test]
     fn a_stage_runs_once_per_key_and_a_failure_leaves_no_stamp() {
-        let dir = std::env::temp_dir().join(format!("nasos-stage-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("once");
         let out = dir.join("out");
         let mut st = Stages::new(&dir).expect("stages");
         let key = Key::new("x");
@@ -384,9 +388,7 @@ mod tests {
 
     #[test]
     fn a_changed_output_is_rebuilt_for_build_stages_and_shared_cache_entries() {
-        let dir = std::env::temp_dir().join(format!("nasos-stage-tamper-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("tamper");
         let mut st = Stages::new(&dir).expect("stages");
         for keyed in [false, true] {
             let out = dir.join(format!("out-{keyed}"));
@@ -414,9 +416,7 @@ mod tests {
 
     #[test]
     fn a_check_names_the_changed_output() {
-        let dir = std::env::temp_dir().join(format!("nasos-stage-check-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("check");
         let (a, b) = (dir.join("a"), dir.join("b"));
         std::fs::write(&a, "a").expect("a");
         std::fs::write(&b, "b").expect("b");
