@@ -401,6 +401,16 @@ impl Vm {
         self.wait(needle, timeout, false)
     }
 
+    /// Like [`Vm::wait_for`], but a line already seen since `from` (a [`Vm::console_lines`]
+    /// length taken before the act) counts too: an alert the box printed while the test ran
+    /// other commands is not missed.
+    pub fn wait_for_since(&mut self, from: usize, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        if let Some(l) = self.seen[from.min(self.seen.len())..].iter().find(|l| l.contains(needle)) {
+            return Ok(l.clone());
+        }
+        self.wait(needle, timeout, false)
+    }
+
     /// Waits for `needle` in a line or in a prompt that is not ended by a newline yet
     /// (`login: `, `New password: `); returns the line or the prompt so far.
     pub fn wait_for_prompt(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {

@@ -1,6 +1,8 @@
 //! The health agent's loop: a check round every interval, and at once when ZFS posts an event
 //! (`zpool events -f`, one long-running child) or udev reports a device added or removed (a
-//! netlink socket), so a pulled drive is named within seconds even on an idle pool. Each round
+//! netlink socket). A drive's event is also judged at once from the bays alone, while the slow
+//! part of a round (pool and service queries, on a thread of its own) may still be running, so a
+//! pulled drive is named within a second even on a busy pool. Each round
 //! reads ([`super::observe`]), decides ([`super::checks`], [`super::alerts`]) and publishes:
 //! alerts to the console, the history on the state partition and syslog; the report for
 //! `nasctl health`; the metrics. The hardware watchdog is not here: PID 1 owns it.
@@ -27,10 +29,11 @@ pub fn run() -> anyhow::Result<()> {
     let signals = Signals::take(&[Sig::SIGTERM])?;
     let every = Duration::from_secs(u64::from(plan.health.check_interval_seconds.max(1)));
     let wake = Arc::new(AtomicBool::new(false));
+    let drives = Arc::new(AtomicBool::new(false));
     if !plan.pools.is_empty() {
         follow_zfs_events(wake.clone());
     }
-    if let Err(e) = follow_udev(wake.clone()) {
+    if let Err(e) = follow_udev(drives.clone()) {
         say(format!("not watching hot-plug events ({e}); drives are checked every {}s", every.as_secs()));
     }
     let latest = Arc::new(Mutex::new(String::new()));
@@ -67,23 +70,84 @@ pub fn run() -> anyhow::Result<()> {
         unchecked: Vec::new(),
         fatal_since: BTreeMap::new(),
         grace: u64::from(plan.health.fatal_grace_seconds),
-        // One runtime for the agent's life, for the calls to nasinit each round.
-        rt: tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("no runtime to ask nasinit with: {e}")),
     };
-    round.run(&plan, true);
+    let observer = Observer::start(plan.clone())?;
+    let first = observer.observe()?;
+    round.run(&plan, first, true);
     notify_ready(&format!("checking every {}s", every.as_secs()))?;
     let mut last = Instant::now();
+    let (mut asked, mut due) = (false, false);
     loop {
-        if signals.wait(Duration::from_secs(1))? == Some(Sig::SIGTERM) {
+        // Short: the flags are looked at between waits, and a pulled drive is named within
+        // this much of udev's announcement.
+        if signals.wait(Duration::from_millis(200))? == Some(Sig::SIGTERM) {
             return Ok(());
         }
-        if wake.swap(false, Ordering::SeqCst) || last.elapsed() >= every {
-            last = Instant::now();
-            round.run(&plan, false);
+        // A drive came or went: its bay is named from the bays alone (a few ioctls), even while
+        // a round's pool and service queries take seconds on a busy box; a full round follows.
+        if drives.swap(false, Ordering::SeqCst) {
+            round.bays_only(&plan);
+            due = true;
         }
+        due |= wake.swap(false, Ordering::SeqCst) || last.elapsed() >= every;
+        if asked && let Some(obs) = observer.result()? {
+            asked = false;
+            round.run(&plan, obs, false);
+        }
+        if due && !asked {
+            observer.ask()?;
+            (asked, due, last) = (true, false, Instant::now());
+        }
+    }
+}
+
+/// The slow part of a round on a thread of its own: `zpool` and `zfs` queries that wait on a
+/// busy pool for seconds, and nasinit's list of services. The bays are read by the loop itself.
+struct Observer {
+    ask: std::sync::mpsc::Sender<()>,
+    got: std::sync::mpsc::Receiver<Observation>,
+}
+
+impl Observer {
+    fn start(plan: nasos_board::Plan) -> anyhow::Result<Observer> {
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let (give, got) = std::sync::mpsc::channel();
+        std::thread::Builder::new().name("observe".into()).spawn(move || {
+            // One runtime for the thread's life, for the calls to nasinit each round.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("no runtime to ask nasinit with: {e}"));
+            for () in asked {
+                let services = match &rt {
+                    Ok(rt) => services(rt),
+                    Err(e) => Err(e.clone()),
+                };
+                if give.send(observe::without_bays(&plan, services)).is_err() {
+                    return;
+                }
+            }
+        })?;
+        Ok(Observer { ask, got })
+    }
+
+    fn ask(&self) -> anyhow::Result<()> {
+        self.ask.send(()).map_err(|_| anyhow::anyhow!("the observing thread ended"))
+    }
+
+    /// The observation asked for, if it is there yet.
+    fn result(&self) -> anyhow::Result<Option<Observation>> {
+        match self.got.try_recv() {
+            Ok(o) => Ok(Some(o)),
+            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => anyhow::bail!("the observing thread ended"),
+        }
+    }
+
+    /// One observation, waited for.
+    fn observe(&self) -> anyhow::Result<Observation> {
+        self.ask()?;
+        self.got.recv().map_err(|_| anyhow::anyhow!("the observing thread ended"))
     }
 }
 
@@ -101,16 +165,13 @@ struct Round {
     /// leads to was announced.
     fatal_since: BTreeMap<String, (u64, bool)>,
     grace: u64,
-    rt: Result<tokio::runtime::Runtime, String>,
 }
 
 impl Round {
-    fn run(&mut self, plan: &nasos_board::Plan, first: bool) {
-        let services = match &self.rt {
-            Ok(rt) => services(rt),
-            Err(e) => Err(e.clone()),
-        };
-        let obs = observe::observe(plan, services);
+    /// Judges and publishes a round from the observer's `slow` part and the bays read now (so a
+    /// bay named in a pass of its own while the round was observed is not undone).
+    fn run(&mut self, plan: &nasos_board::Plan, slow: Observation, first: bool) {
+        let obs = Observation { bays: observe::bays(Path::new(paths::BAY_DIR), plan), ..slow };
         if first {
             self.unchecked = unchecked(&obs);
             for u in &self.unchecked {
@@ -121,13 +182,18 @@ impl Round {
         let at = crate::unix_now();
         let mut alerts = alerts::transitions(&self.checks, &now_checks, at);
         alerts.extend(self.verdict(&obs, at));
-        // The history first, then the report and metrics, then the console and syslog: whoever
-        // sees an alert and asks `nasctl health` or scrapes finds it already there.
-        self.record(&alerts);
-        let report = Report::new(at, &now_checks, self.unchecked.clone(), obs.clone());
+        let (ok, all) = self.publish(obs, now_checks, &alerts, at);
         if first {
-            say(format!("{} checks: {} ok, {} not", now_checks.len(), report.ok, report.checks.len()));
+            say(format!("{all} checks: {ok} ok, {} not", all - ok));
         }
+    }
+
+    /// The history first, then the report and metrics, then the console and syslog: whoever
+    /// sees an alert and asks `nasctl health` or scrapes finds it already there. Returns how
+    /// many checks are ok, of how many.
+    fn publish(&mut self, obs: Observation, now_checks: Vec<Check>, alerts: &[Alert], at: u64) -> (usize, usize) {
+        self.record(alerts);
+        let report = Report::new(at, &now_checks, self.unchecked.clone(), obs.clone());
         let text = metrics::render(&report, &now_checks);
         if let Ok(mut l) = self.latest.lock() {
             *l = text;
@@ -135,9 +201,25 @@ impl Round {
         if let Err(e) = write_json(Path::new(paths::HEALTH_REPORT), &report) {
             say(format!("cannot write {}: {e}", paths::HEALTH_REPORT));
         }
-        self.announce(&alerts);
+        self.announce(alerts);
         self.checks = now_checks.into_iter().map(|c| (c.id.clone(), c)).collect();
         self.before = Some(obs);
+        (report.ok, report.ok + report.checks.len())
+    }
+
+    /// Reads the bays again and publishes what changed about them, the rest of the last round
+    /// kept as it was (see [`checks::with_fresh_bays`]). Nothing before the first round.
+    fn bays_only(&mut self, plan: &nasos_board::Plan) {
+        let Some(last) = &self.before else { return };
+        let obs = Observation { bays: observe::bays(Path::new(paths::BAY_DIR), plan), ..last.clone() };
+        let fresh = checks::evaluate(&self.limits, &self.members, &obs, Some(last));
+        let now_checks = checks::with_fresh_bays(&self.checks, fresh);
+        let at = crate::unix_now();
+        let alerts = alerts::transitions(&self.checks, &now_checks, at);
+        if alerts.is_empty() {
+            return;
+        }
+        self.publish(obs, now_checks, &alerts, at);
     }
 
     /// Tells nasinit what is fatal and since when ([`paths::HEALTH_VERDICT`]); returns the alert

@@ -2,6 +2,8 @@
 //! message that names the bay, pool, link, port or service. Pure: the agent feeds it what it
 //! read, the tests feed it what they made.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use nasos_board::plan::HealthPlan;
@@ -385,6 +387,17 @@ pub fn evaluate(
     out
 }
 
+/// The checks after a pass that read only the bays again (a hot-plug event between rounds):
+/// the bays' checks from `fresh`, every other one as the last full round left it. Taking the
+/// others from `fresh` would judge stale counters (an RDMA loss warning would clear and come
+/// back on the next round) — so they are not re-judged until the next round reads them.
+pub fn with_fresh_bays(last: &BTreeMap<String, Check>, fresh: Vec<Check>) -> Vec<Check> {
+    let is_bay = |id: &str| id.starts_with("bay.");
+    let mut out: Vec<Check> = last.values().filter(|c| !is_bay(&c.id)).cloned().collect();
+    out.extend(fresh.into_iter().filter(|c| is_bay(&c.id)));
+    out
+}
+
 /// The conditions only a reset can fix, as (check id, message): no NFS listener left and the nfs
 /// service failed (its restarts used up), or a pool suspended. A degraded pool, a missing drive
 /// or a hot one never is: a reset would only take the box away from its clients.
@@ -538,6 +551,36 @@ mod tests {
         assert_eq!(*s, Severity::Critical);
         assert!(m.starts_with("BAY01: ") && m.contains("temperature") && m.contains("reliability degraded"), "{m}");
         assert_eq!(sev(&checks, "bay.BAY01.temperature").map(|c| *c.0), Some(Severity::Warning));
+    }
+
+    #[test]
+    fn a_pass_over_the_bays_alone_alerts_the_pulled_bay_and_rejudges_nothing_else() {
+        let members = vec![("BAY01".to_string(), "tank".to_string())];
+        // The last full round saw the fabric lose packets (a counter that grew since the one before).
+        let older = obs();
+        let mut last_obs = obs();
+        last_obs.rdma[0].counters.insert("rcvd_seq_err".into(), 9);
+        let last: BTreeMap<String, Check> =
+            evaluate(&limits(), &members, &last_obs, Some(&older)).into_iter().map(|c| (c.id.clone(), c)).collect();
+        assert_eq!(last["rdma.rxe0/1.loss"].severity, Severity::Warning);
+        assert_eq!(last["bay.BAY01.present"].severity, Severity::Ok);
+        // Then BAY01 goes; only the bays are read again, the rest is the last round's.
+        let mut quick = last_obs.clone();
+        quick.bays[0].device = None;
+        quick.bays[0].smart = None;
+        let fresh = evaluate(&limits(), &members, &quick, Some(&last_obs));
+        // Judged whole, the stale counters would clear the loss warning (to come back next round).
+        assert_eq!(sev(&fresh, "rdma.rxe0/1.loss").map(|c| *c.0), Some(Severity::Ok));
+        let merged = with_fresh_bays(&last, fresh);
+        let alerts = crate::health::alerts::transitions(&last, &merged, 0);
+        let ids: Vec<&str> = alerts.iter().map(|a| a.id.as_str()).collect();
+        assert!(ids.contains(&"bay.BAY01.present"), "{alerts:?}");
+        assert!(ids.iter().all(|id| id.starts_with("bay.BAY01.")), "{alerts:?}");
+        assert_eq!(sev(&merged, "rdma.rxe0/1.loss").map(|c| *c.0), Some(Severity::Warning));
+        assert_eq!(
+            sev(&merged, "bay.BAY01.present"),
+            Some((&Severity::Critical, "BAY01: drive missing (a member of pool tank)"))
+        );
     }
 
     #[test]

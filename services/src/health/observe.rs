@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use nasos_board::Plan;
-use nasos_layout::paths::BAY_DIR;
 use serde::{Deserialize, Serialize};
 
 use super::smart::{self, SmartLog};
@@ -115,11 +114,12 @@ pub struct ServiceObs {
     pub restarts: u32,
 }
 
-/// Reads everything once. `services` comes from the caller (it talks to nasinit).
-pub fn observe(plan: &Plan, services: Result<Vec<ServiceObs>, String>) -> Observation {
+/// Reads everything once but the bays (the agent reads those itself, at once when a drive comes
+/// or goes; see [`bays`]). `services` comes from the caller (it talks to nasinit).
+pub fn without_bays(plan: &Plan, services: Result<Vec<ServiceObs>, String>) -> Observation {
     let sys = Path::new("/sys");
     Observation {
-        bays: bays(Path::new(BAY_DIR), plan),
+        bays: Vec::new(),
         pools: if plan.pools.is_empty() { Ok(Vec::new()) } else { pools() },
         links: links(sys, plan),
         rdma: plan.links.iter().flat_map(|l| rdma_ports(Path::new(rdma::SYSFS), &l.name)).collect(),
