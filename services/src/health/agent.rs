@@ -182,16 +182,16 @@ impl Round {
         let at = crate::unix_now();
         let mut alerts = alerts::transitions(&self.checks, &now_checks, at);
         alerts.extend(self.verdict(&obs, at));
-        let (ok, all) = self.publish(obs, now_checks, &alerts, at);
         if first {
-            say(format!("{all} checks: {ok} ok, {} not", all - ok));
+            let not = now_checks.iter().filter(|c| c.severity != checks::Severity::Ok).count();
+            say(format!("{} checks: {} ok, {not} not", now_checks.len(), now_checks.len() - not));
         }
+        self.publish(obs, now_checks, &alerts, at);
     }
 
     /// The history first, then the report and metrics, then the console and syslog: whoever
-    /// sees an alert and asks `nasctl health` or scrapes finds it already there. Returns how
-    /// many checks are ok, of how many.
-    fn publish(&mut self, obs: Observation, now_checks: Vec<Check>, alerts: &[Alert], at: u64) -> (usize, usize) {
+    /// sees an alert and asks `nasctl health` or scrapes finds it already there.
+    fn publish(&mut self, obs: Observation, now_checks: Vec<Check>, alerts: &[Alert], at: u64) {
         self.record(alerts);
         let report = Report::new(at, &now_checks, self.unchecked.clone(), obs.clone());
         let text = metrics::render(&report, &now_checks);
@@ -204,7 +204,6 @@ impl Round {
         self.announce(alerts);
         self.checks = now_checks.into_iter().map(|c| (c.id.clone(), c)).collect();
         self.before = Some(obs);
-        (report.ok, report.ok + report.checks.len())
     }
 
     /// Reads the bays again and publishes what changed about them, the rest of the last round
